@@ -1,0 +1,317 @@
+"""Token counters: how many tokens a chat prompt costs, as the served model sees it.
+
+The runner counts the whole prompt, chat template included, and enforces the budget.
+Strategies may use the same counter to plan, through per-message counts that are cached
+by content, but the runner's count of the final prompt is the one that is enforced.
+
+Counters by ``--budgetbench-tokenizer``:
+
+- ``gguf:<path>``: llama.cpp with ``vocab_only`` and the GGUF's own chat template. This
+  is what the embedded model uses (``auto`` picks it), and it is exact.
+- ``hf:<dir or tokenizer.json>``: a transformers tokenizer with its chat template.
+- ``server``: the endpoint's ``/tokenize`` route (vLLM style, messages in).
+- ``approx``: four characters a token plus a fixed cost per message. Rows say "approx".
+
+Image content parts cost a declared ``IMAGE_TOKENS`` each in every counter but ``server``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
+from pytest_budgetbench.messages import Message, text_of
+
+# A fixed system message that per-message counts are measured against (see count_message).
+_ANCHOR: Message = {"role": "system", "content": "."}
+
+IMAGE_TOKENS = 256
+"""Declared prompt cost of one image content part, for counters that only see text.
+
+The gguf, hf and approx counters tokenize text; an image's real cost depends on the
+served vision model (its resolution and patching), which they cannot know. They count
+each ``image_url`` / ``image`` / ``input_image`` part as this fixed number of tokens, and
+template only the message's text. Only messages whose content is a list with image parts
+are affected; the ``server`` counter asks the endpoint, which counts images itself.
+"""
+
+_IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image"})
+
+
+def image_parts(message: Message) -> int:
+    """How many image parts a message's content holds (0 for string content)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(1 for part in content
+               if isinstance(part, dict) and part.get("type") in _IMAGE_PART_TYPES)
+
+
+def _image_cost(messages: Sequence[Message]) -> int:
+    return IMAGE_TOKENS * sum(image_parts(m) for m in messages)
+
+
+def _text_only(messages: Sequence[Message]) -> list[Message]:
+    """Messages with image parts reduced to their text, for templates that expect strings."""
+    return [{**m, "content": text_of(m)} if image_parts(m) else m for m in messages]
+
+
+def message_key(message: Message) -> str:
+    """A stable content key for one message, used by caches."""
+    blob = json.dumps(message, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def prompt_sha256(messages: Sequence[Message]) -> str:
+    blob = json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class TokenCounter(ABC):
+    """Counts tokens of whole chat prompts and of single messages.
+
+    Subclasses implement :meth:`_count_prompt`; this class caches per-message counts so a
+    strategy can ask about the same message at every budget without re-tokenizing.
+    """
+
+    name: str = "counter"
+    exact: bool = True
+
+    def __init__(self) -> None:
+        self._message_cache: dict[str, int] = {}
+        self._text_cache: dict[str, int] = {}
+        self._overhead: int | None = None
+
+    @abstractmethod
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        """Tokens of the full chat-formatted prompt, generation prompt included."""
+
+    @abstractmethod
+    def _count_text(self, text: str) -> int:
+        """Tokens of plain text, with no template and no special tokens."""
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        """Tokens of the full prompt exactly as the model receives it."""
+        return self._count_prompt(messages)
+
+    def count_text(self, text: str) -> int:
+        cached = self._text_cache.get(text)
+        if cached is None:
+            cached = self._text_cache[text] = self._count_text(text)
+        return cached
+
+    def count_message(self, message: Message) -> int:
+        """Tokens one message adds to a prompt, its template framing included.
+
+        Measured as the difference a message makes after a fixed anchor message, so that
+        templates which inject a default system prompt cancel out.
+        """
+        key = message_key(message)
+        cached = self._message_cache.get(key)
+        if cached is None:
+            with_message = self._count_prompt([_ANCHOR, message])
+            cached = self._message_cache[key] = with_message - self._anchor_tokens()
+        return cached
+
+    def overhead(self) -> int:
+        """Tokens a prompt costs beyond the sum of its messages (e.g. BOS, generation prompt)."""
+        if self._overhead is None:
+            anchor_alone = self.count_message(_ANCHOR)
+            self._overhead = self._anchor_tokens() - anchor_alone
+        return self._overhead
+
+    def estimate(self, messages: Sequence[Message]) -> int:
+        """Overhead plus the cached per-message counts: cheap, and exact for templates
+        that render each message independently (ChatML and most others)."""
+        return self.overhead() + sum(self.count_message(m) for m in messages)
+
+    def _anchor_tokens(self) -> int:
+        key = "__anchor__"
+        cached = self._message_cache.get(key)
+        if cached is None:
+            cached = self._message_cache[key] = self._count_prompt([_ANCHOR])
+        return cached
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "exact": self.exact}
+
+
+class ApproxCounter(TokenCounter):
+    """Four characters a token, plus four tokens per message: labelled approximate."""
+
+    name = "approx-chars/4"
+    exact = False
+
+    def _count_text(self, text: str) -> int:
+        return math.ceil(len(text) / 4)
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        return 3 + sum(4 + self._count_text(text_of(m)) for m in messages) + _image_cost(messages)
+
+
+class GGUFCounter(TokenCounter):
+    """llama.cpp's tokenizer with ``vocab_only`` and the GGUF's own chat template.
+
+    The llama.cpp server renders chat prompts the same way (Jinja2 template from the GGUF
+    metadata, tokenized with special tokens parsed), so this count matches its
+    ``usage.prompt_tokens``.
+    """
+
+    exact = True
+
+    def __init__(self, model_path: str | Path) -> None:
+        super().__init__()
+        from pytest_budgetbench.errors import require
+
+        require("llama_cpp", "local", "--budgetbench-tokenizer=gguf:")
+        from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        path = Path(model_path)
+        if not path.is_file():
+            raise TokenizerError(f"GGUF tokenizer file not found: {path}")
+        self.name = f"gguf:{path.name}"
+        self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        metadata = self._llama.metadata
+        template = metadata.get("tokenizer.chat_template")
+        if not template:
+            raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
+        self._formatter = Jinja2ChatFormatter(
+            template=template,
+            eos_token=self._token_text(self._llama.token_eos()),
+            bos_token=self._token_text(self._llama.token_bos()),
+            add_generation_prompt=True,
+        )
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+    def render(self, messages: Sequence[Message]) -> tuple[str, bool]:
+        result = self._formatter(messages=list(messages))
+        return result.prompt, bool(result.added_special)
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        prompt, added_special = self.render(_text_only(messages))
+        tokens = self._llama.tokenize(
+            prompt.encode("utf-8"), add_bos=not added_special, special=True
+        )
+        return len(tokens) + _image_cost(messages)
+
+    def _count_text(self, text: str) -> int:
+        return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+class HFCounter(TokenCounter):
+    """A transformers tokenizer loaded from a local directory or a tokenizer.json file."""
+
+    exact = True
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        from pytest_budgetbench.errors import require
+
+        require("transformers", "hf", "--budgetbench-tokenizer=hf:")
+        import transformers
+
+        path = Path(source)
+        try:
+            if path.is_file():
+                self._tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+            else:
+                self._tok = transformers.AutoTokenizer.from_pretrained(
+                    source, local_files_only=True
+                )
+        except Exception as exc:  # transformers raises many types for a bad path
+            raise TokenizerError(
+                f"cannot load tokenizer 'hf:{source}': {exc}. "
+                "Pass a local directory with tokenizer files, or a tokenizer.json path."
+            ) from exc
+        self.name = f"hf:{path.name or source}"
+        # Without a chat template we can only count content: say so in every row.
+        self.exact = bool(getattr(self._tok, "chat_template", None))
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        if not self.exact:
+            return 3 + sum(4 + self._count_text(text_of(m)) for m in messages) + _image_cost(
+                messages
+            )
+        ids = self._tok.apply_chat_template(
+            [{"role": m["role"], "content": text_of(m)} for m in messages],
+            tokenize=True,
+            add_generation_prompt=True,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return len(ids) + _image_cost(messages)
+
+    def _count_text(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False))
+
+
+class ServerCounter(TokenCounter):
+    """Asks the endpoint's ``/tokenize`` route (vLLM's: messages in, ``count`` out)."""
+
+    name = "server:/tokenize"
+    exact = True
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+        super().__init__()
+        import httpx
+
+        root = base_url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=root, headers=headers, timeout=30.0)
+        self._model = model
+
+    def _post(self, payload: dict[str, Any]) -> int:
+        try:
+            response = self._client.post("/tokenize", json={"model": self._model, **payload})
+            response.raise_for_status()
+            return int(response.json()["count"])
+        except Exception as exc:
+            raise TokenizerError(
+                f"the endpoint's /tokenize route failed ({exc}); "
+                "use --budgetbench-tokenizer=hf:PATH or approx for this endpoint"
+            ) from exc
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        return self._post({"messages": list(messages), "add_generation_prompt": True})
+
+    def _count_text(self, text: str) -> int:
+        return self._post({"prompt": text, "add_special_tokens": False})
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    counted: int
+    budget: int
+
+    @property
+    def fits(self) -> bool:
+        return self.counted <= self.budget
+
+    @property
+    def excess(self) -> int:
+        return max(0, self.counted - self.budget)
+
+
+def enforce(cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter) -> None:
+    """Raise BudgetExceeded, with the figures, when a prompt does not fit its budget."""
+    if check.fits:
+        return
+    kind = "exact" if counter.exact else "approx"
+    raise BudgetExceeded(
+        f"cell {cell_id} would send {check.counted} prompt tokens "
+        f"(budget {check.budget}, tokenizer {counter.name} {kind}); "
+        f"strategy '{strategy}' exceeded by {check.excess}"
+    )

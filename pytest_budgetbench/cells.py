@@ -1,0 +1,59 @@
+"""The item x strategy x budget matrix, with stable, readable ids."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def _id_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@]+", "_", text).strip("_") or "x"
+
+
+@dataclass(frozen=True)
+class Cell:
+    task: str
+    item_index: int
+    item_id: str
+    strategy: str
+    """How the strategy was selected: a registered name or ``module:attr``."""
+    budget: int
+    repeat: int = 0
+    strategy_name: str = ""
+    """The strategy's own ``name``, used in ids; defaults to ``strategy``."""
+
+    @property
+    def cell_id(self) -> str:
+        parts = [self.task, self.item_id, self.strategy_name or self.strategy, str(self.budget)]
+        if self.repeat:
+            parts.append(f"r{self.repeat}")
+        return "-".join(_id_part(p) for p in parts)
+
+    @property
+    def group(self) -> str:
+        """Cells of one item share caches; xdist's loadgroup keeps them on one worker."""
+        return f"{self.task}-{self.item_id}"
+
+
+def build_cells(
+    items_by_task: dict[str, Sequence[str]],
+    strategies: Sequence[str],
+    budgets: Sequence[int],
+    repeats: int = 1,
+    names: dict[str, str] | None = None,
+) -> list[Cell]:
+    """Cells in a deterministic order: task, item, budget, strategy, repeat.
+
+    Keeping an item's cells adjacent, and a budget's strategies adjacent, lets the model
+    server reuse its KV cache when consecutive prompts share a prefix.
+    """
+    cells = []
+    for task, item_ids in items_by_task.items():
+        for index, item_id in enumerate(item_ids):
+            for budget in budgets:
+                for strategy in strategies:
+                    for repeat in range(repeats):
+                        name = (names or {}).get(strategy, strategy)
+                        cells.append(Cell(task, index, item_id, strategy, budget, repeat, name))
+    return cells

@@ -1,0 +1,146 @@
+"""The ``budgetbench`` console command.
+
+Each subcommand registers itself through one function in SUBCOMMANDS, which adds its
+parser and sets ``handler`` (args -> exit status); add a command by appending one.
+
+Exit status: 0 success, 1 a gate failed, 2 bad usage or unreadable records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+
+def _rate(text: str) -> float:
+    value = _non_negative(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a rate between 0 and 1, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+# -- report ---------------------------------------------------------------------------------
+def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="rebuild tables, plots and report.json/.md/.html from run records",
+        description="Merge the cells.jsonl of one or more run directories (shards, repeats, "
+        "resumed runs) and write summary.csv, paired.csv, categories.csv, plots/ and "
+        "report.json/.md/.html. With a gate option, exit 1 when the gate fails.",
+    )
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="a run directory (or its cells.jsonl)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="output directory (default: RUN_DIR/report for one run, "
+                        "./budgetbench-report for several)")
+    parser.add_argument("--reference", metavar="STRATEGY@BUDGET",
+                        help="the cell to pair against (default: full_context at its largest "
+                        "budget; a bare strategy means its largest budget)")
+    parser.add_argument("--resamples", type=_positive_int, default=2000, metavar="N",
+                        help="bootstrap resamples per interval (default: 2000)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="bootstrap seed (default: 0)")
+    parser.add_argument("--price-in", type=_non_negative, metavar="USD",
+                        help="USD per million input tokens (with --price-out)")
+    parser.add_argument("--price-out", type=_non_negative, metavar="USD",
+                        help="USD per million output tokens (with --price-in)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    gates = parser.add_argument_group("gates")
+    gates.add_argument("--max-violation-rate", type=_rate, metavar="R",
+                       help="fail when a non-reference strategy@budget's violation rate "
+                       "exceeds R")
+    gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
+                       help="a previous report.json to compare against")
+    gates.add_argument("--max-regression", type=_non_negative, default=0.0, metavar="D",
+                       help="with --baseline: the quality drop tolerated before a significant "
+                       "fall fails (default: 0)")
+    parser.set_defaults(handler=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.reports import (
+        Prices,
+        ReportError,
+        build_report,
+        regression_gate,
+        violation_gate,
+    )
+
+    if (args.price_in is None) != (args.price_out is None):
+        return _usage("--price-in and --price-out go together")
+    prices = None if args.price_in is None else Prices(args.price_in, args.price_out)
+    out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
+                       else Path("budgetbench-report"))
+    try:
+        report = build_report(args.run_dirs, out, reference=args.reference,
+                              resamples=args.resamples, seed=args.seed, prices=prices,
+                              plots=not args.no_plots)
+    except (ReportError, ValueError) as exc:
+        return _usage(str(exc))
+    print(f"budgetbench: {len(report.rows)} cells -> {report.out_dir}")
+    for path in report.paths.values():
+        print(f"  {path}")
+    reasons: list[str] = []
+    if args.max_violation_rate is not None:
+        reasons += violation_gate(report, args.max_violation_rate)
+    if args.baseline is not None:
+        reasons += regression_gate(report, args.baseline, args.max_regression)
+    for reason in reasons:
+        print(f"budgetbench: gate failed: {reason}", file=sys.stderr)
+    return EXIT_GATE_FAILED if reasons else EXIT_OK
+
+
+def _usage(message: str) -> int:
+    print(f"budgetbench: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# -- entry point ----------------------------------------------------------------------------
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    add_report_command,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="budgetbench",
+        description="Tools for pytest-budgetbench run records.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in SUBCOMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

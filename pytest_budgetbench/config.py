@@ -1,0 +1,308 @@
+"""One frozen settings object: command line > ini (``budgetbench_*``) > environment > default.
+
+Every option is declared once in ``OPTIONS``; the plugin registers each with its ini twin,
+and :func:`load_settings` validates them all before any cell is collected. A bad value is
+a :class:`ConfigError` (a ``pytest.UsageError`` at the command line) that names the value
+and the expected form.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_budgetbench.errors import ConfigError
+
+DATA_TASKS: tuple[str, ...] = (
+    "longbench_v2",
+    "longmemeval",
+    "locomo",
+    "hotpotqa",
+    "swe_verified",
+    "needle",
+    "tau2_retail",
+)
+"""Tasks that read a file or directory given by ``--budgetbench-data-<task>``."""
+
+
+def _name_list(option: str) -> Callable[[str], tuple[str, ...]]:
+    def parse(raw: str) -> tuple[str, ...]:
+        names = tuple(part.strip() for part in raw.split(",") if part.strip())
+        if not names:
+            raise ConfigError(f"{option} must name at least one entry, e.g. {option}=a,b (got '')")
+        return names
+
+    return parse
+
+
+def parse_budgets(raw: str) -> tuple[int, ...]:
+    parts = [part.strip() for part in raw.split(",")]
+    budgets: list[int] = []
+    for part in parts:
+        if not part.isdigit() or int(part) <= 0:
+            raise ConfigError(
+                f"--budgets must be positive token counts separated by commas, "
+                f"e.g. --budgets=2048,8192 (got {part!r} in {raw!r})"
+            )
+        budgets.append(int(part))
+    return tuple(sorted(set(budgets)))
+
+
+def _positive_int(option: str) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        if not str(raw).strip().isdigit() or int(raw) <= 0:
+            raise ConfigError(f"{option} must be a positive integer (got {raw!r})")
+        return int(raw)
+
+    return parse
+
+
+def _int(option: str) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{option} must be an integer (got {raw!r})") from None
+
+    return parse
+
+
+def _rate(option: str) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{option} must be a rate between 0 and 1, e.g. 0.05 (got {raw!r})")
+        return value
+
+    return parse
+
+
+def _non_negative_float(option: str) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if value < 0:
+            raise ConfigError(f"{option} must be a number >= 0 (got {raw!r})")
+        return value
+
+    return parse
+
+
+def _choice(option: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ConfigError(f"{option} must be one of {'|'.join(choices)} (got {raw!r})")
+        return raw
+
+    return parse
+
+
+def _chunk_size(raw: str) -> str:
+    if raw == "adaptive" or (raw.isdigit() and int(raw) > 0):
+        return raw
+    raise ConfigError(
+        f"--budgetbench-rag-chunk must be 'adaptive' or a positive token count (got {raw!r})"
+    )
+
+
+def _reference(raw: str) -> str:
+    name, at, budget = raw.partition("@")
+    if not name or (at and not budget.isdigit()):
+        raise ConfigError(
+            f"--budgetbench-reference must be strategy@budget, e.g. full_context@8192 "
+            f"(got {raw!r})"
+        )
+    return raw
+
+
+def parse_tokenizer(raw: str) -> str:
+    if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
+        if raw in ("hf:", "gguf:"):
+            raise ConfigError(f"--budgetbench-tokenizer={raw} needs a path after the colon")
+        return raw
+    raise ConfigError(
+        "--budgetbench-tokenizer must be auto, server, approx, hf:<dir-or-tokenizer.json> "
+        f"or gguf:<file.gguf> (got {raw!r})"
+    )
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    dest: str
+    help: str
+    parse: Callable[[str], Any]
+    default: Any = None
+    env: str | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--budgets" if self.dest == "budgets" else "--budgetbench-" + self.dest.replace(
+            "_", "-"
+        )
+
+    @property
+    def ini(self) -> str:
+        return "budgetbench_" + self.dest
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("budgets", "token budgets, comma-separated; turns the sweep on", parse_budgets,
+               (), metavar="N,N"),
+    OptionSpec("strategies", "strategy names or module:attr, comma-separated",
+               _name_list("--budgetbench-strategies"), ("full_context", "truncation")),
+    OptionSpec("tasks", "task names or module:attr, comma-separated",
+               _name_list("--budgetbench-tasks"), ("memory",)),
+    OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 6),
+    OptionSpec("seed", "seed for generated tasks and sampling", _int("--budgetbench-seed"), 0),
+    OptionSpec("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
+               str, None, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
+    OptionSpec("model", "model id to request from the endpoint", str, None,
+               env="BUDGETBENCH_MODEL"),
+    OptionSpec("max_tokens", "max output tokens per answer",
+               _positive_int("--budgetbench-max-tokens"), 32),
+    OptionSpec("temperature", "sampling temperature",
+               _non_negative_float("--budgetbench-temperature"), 0.0),
+    OptionSpec("api_key_env", "name of the environment variable holding the API key", str,
+               "OPENAI_API_KEY", metavar="VAR"),
+    OptionSpec("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
+               parse_tokenizer, "auto"),
+    OptionSpec("out", "directory for run records", str, "reports", metavar="DIR"),
+    OptionSpec("audit", "store post-strategy prompts: full | hash | off",
+               _choice("--budgetbench-audit", ("full", "hash", "off")), "full"),
+    OptionSpec("max_violation_rate", "fail the session when a non-reference strategy's "
+               "violation rate exceeds R", _rate("--budgetbench-max-violation-rate"), None,
+               metavar="R"),
+    OptionSpec("timeout", "seconds per model request",
+               _non_negative_float("--budgetbench-timeout"), 300.0),
+    OptionSpec("retries", "attempts per model request before the cell errors",
+               _positive_int("--budgetbench-retries"), 3),
+    OptionSpec("threads", "CPU threads for the embedded server (default: all cores)",
+               _positive_int("--budgetbench-threads"), None),
+    OptionSpec("memory_history", "target history length in tokens for the memory task",
+               _positive_int("--budgetbench-memory-history"), 2500, metavar="TOKENS"),
+    OptionSpec("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
+               str, None, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),
+    OptionSpec("judge_model", "model id of the LLM judge", str, None,
+               env="BUDGETBENCH_JUDGE_MODEL"),
+    OptionSpec("embedding_model", "sentence-transformers model name or local directory for "
+               "retrieval strategies", str, "all-MiniLM-L6-v2", metavar="NAME_OR_DIR"),
+    OptionSpec("rag_chunk", "chunk size of retrieval strategies: adaptive or a token count",
+               _chunk_size, "adaptive", metavar="adaptive|TOKENS"),
+    OptionSpec("repeats", "run each cell K times (repeats are averaged per item in reports)",
+               _positive_int("--budgetbench-repeats"), 1, metavar="K"),
+    OptionSpec("shuffle", "randomise cell order with the seed: on | off",
+               _choice("--budgetbench-shuffle", ("on", "off")), "off"),
+    OptionSpec("report", "write summary/paired/categories CSVs, plots and HTML at session "
+               "end: on | off", _choice("--budgetbench-report", ("on", "off")), "on"),
+    OptionSpec("reference", "reference cell for paired deltas, strategy@budget "
+               "(default: full_context at the largest budget)", _reference, None,
+               metavar="STRATEGY@BUDGET"),
+    OptionSpec("resamples", "bootstrap resamples per interval",
+               _positive_int("--budgetbench-resamples"), 2000),
+    OptionSpec("baseline", "a previous run's report.json for the regression gate", str, None,
+               metavar="REPORT_JSON"),
+    OptionSpec("max_regression", "fail when a strategy@budget's paired quality against the "
+               "baseline falls by more than D (interval excluding 0), or its violation rate "
+               "rose", _rate("--budgetbench-max-regression"), None, metavar="D"),
+    OptionSpec("price_in", "USD per 1M prompt tokens, for cost columns",
+               _non_negative_float("--budgetbench-price-in"), None, metavar="USD"),
+    OptionSpec("price_out", "USD per 1M output tokens, for cost columns",
+               _non_negative_float("--budgetbench-price-out"), None, metavar="USD"),
+    OptionSpec("chunk_tokens", "chunk size in tokens when long contexts become messages",
+               _positive_int("--budgetbench-chunk-tokens"), 512, metavar="TOKENS"),
+    *(
+        OptionSpec(f"data_{task}", f"path of the official {task} data", str, None,
+                   env=f"BUDGETBENCH_DATA_{task.upper()}", metavar="PATH")
+        for task in DATA_TASKS
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    budgets: tuple[int, ...] = ()
+    strategies: tuple[str, ...] = ("full_context", "truncation")
+    tasks: tuple[str, ...] = ("memory",)
+    items: int = 6
+    seed: int = 0
+    endpoint: str | None = None
+    model: str | None = None
+    max_tokens: int = 32
+    temperature: float = 0.0
+    api_key_env: str = "OPENAI_API_KEY"
+    tokenizer: str = "auto"
+    out: str = "reports"
+    audit: str = "full"
+    max_violation_rate: float | None = None
+    timeout: float = 300.0
+    retries: int = 3
+    threads: int | None = None
+    memory_history: int = 2500
+    embedding_model: str = "all-MiniLM-L6-v2"
+    rag_chunk: str = "adaptive"
+    judge_endpoint: str | None = None
+    judge_model: str | None = None
+    repeats: int = 1
+    shuffle: str = "off"
+    report: str = "on"
+    reference: str | None = None
+    resamples: int = 2000
+    baseline: str | None = None
+    max_regression: float | None = None
+    price_in: float | None = None
+    price_out: float | None = None
+    chunk_tokens: int = 512
+    data_paths: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.budgets)
+
+    @property
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None
+
+    def public(self) -> dict[str, Any]:
+        """Settings as recorded in run.json: never includes a secret."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def load_settings(get_option: Callable[[str], Any], get_ini: Callable[[str], Any]) -> Settings:
+    """Build Settings from pytest's option and ini lookups, validating every value."""
+    values: dict[str, Any] = {}
+    data_paths: dict[str, str] = {}
+    for spec in OPTIONS:
+        raw = get_option(spec.dest)
+        if raw is None:
+            raw = get_ini(spec.ini) or None
+        if raw is None and spec.env:
+            raw = os.environ.get(spec.env) or None
+        value = spec.default if raw is None else spec.parse(str(raw))
+        if spec.dest.startswith("data_"):
+            if value is not None:
+                data_paths[spec.dest[len("data_"):]] = value
+        else:
+            values[spec.dest] = value
+    settings = Settings(**values, data_paths=data_paths)
+    if (settings.baseline is None) != (settings.max_regression is None):
+        raise ConfigError(
+            "--budgetbench-baseline and --budgetbench-max-regression go together: "
+            "pass both, e.g. --budgetbench-baseline=old/report.json "
+            "--budgetbench-max-regression=0.05"
+        )
+    if settings.judge_endpoint and not settings.judge_model:
+        raise ConfigError(
+            "--budgetbench-judge-endpoint needs --budgetbench-judge-model=NAME "
+            f"(endpoint given: {settings.judge_endpoint})"
+        )
+    return settings

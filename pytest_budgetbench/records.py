@@ -1,0 +1,141 @@
+"""Run records: one JSON row per cell, appended in one write as soon as the cell ends.
+
+Layout of a run directory::
+
+    <out>/<run_id>/cells.jsonl     one row per cell (see ROW_FIELDS)
+    <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
+    <out>/<run_id>/run.json        the run's settings, written by the controller
+
+Rows are appended with ``O_APPEND`` under an exclusive ``flock``, one ``write`` each, so
+xdist workers can share a file and a crash loses at most the row being written. A torn
+last line is skipped on read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+ROW_FIELDS: tuple[str, ...] = (
+    "schema",
+    "run_id",
+    "cell_id",
+    "task",
+    "item_id",
+    "category",
+    "strategy",
+    "regime",
+    "reference",
+    "budget",
+    "repeat",
+    "status",  # ok | violation | error
+    "counted_tokens",
+    "server_prompt_tokens",
+    "token_count_match",
+    "utilisation",
+    "quality",
+    "prediction",
+    "extracted",
+    "strategy_s",
+    "model_s",
+    "output_tokens",
+    "aux_calls",
+    "aux_input_tokens",
+    "aux_output_tokens",
+    "aux_s",
+    "model",
+    "endpoint",
+    "server_flags",
+    "tokenizer",
+    "tokenizer_exact",
+    "prompt_sha256",
+    "grader",
+    "error",
+    "seed",
+    "time",
+)
+
+CELLS_FILE = "cells.jsonl"
+PROMPTS_FILE = "prompts.jsonl"
+RUN_FILE = "run.json"
+
+
+def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one JSON line in a single write, under an exclusive lock."""
+    line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            _terminate_torn_line(fd, path)
+            os.write(fd, line)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _terminate_torn_line(fd: int, path: Path) -> None:
+    """If a crash left a partial last line, end it so the next row starts clean."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    with path.open("rb") as existing:
+        existing.seek(size - 1)
+        if existing.read(1) != b"\n":
+            os.write(fd, b"\n")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL file; lines that are not whole JSON objects (a torn write) are skipped."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for raw in handle:
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                yield row
+
+
+class RunStore:
+    """The files of one run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    @property
+    def cells_path(self) -> Path:
+        return self.run_dir / CELLS_FILE
+
+    @property
+    def prompts_path(self) -> Path:
+        return self.run_dir / PROMPTS_FILE
+
+    def write_row(self, row: Mapping[str, Any]) -> None:
+        append_jsonl(self.cells_path, row)
+
+    def write_prompt(self, cell_id: str, sha256: str, messages: object | None) -> None:
+        record: dict[str, Any] = {"cell_id": cell_id, "prompt_sha256": sha256}
+        if messages is not None:
+            record["messages"] = messages
+        append_jsonl(self.prompts_path, record)
+
+    def write_export(self, file_name: str, record: Mapping[str, Any]) -> None:
+        append_jsonl(self.run_dir / "exports" / file_name, record)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.cells_path))
+
+    def write_run_info(self, info: Mapping[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")

@@ -1,0 +1,52 @@
+"""Reports built from run records: summary, paired and category tables with bootstrap
+intervals, plots, report.json/.md/.html, and the gates the plugin applies.
+
+Importing this package is cheap: numpy, pandas and matplotlib load only when a name below
+is first used, because the plugin imports in every pytest session, sweep or not.
+
+    from pytest_budgetbench.reports import build_report, violation_gate, regression_gate
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
+    from pytest_budgetbench.reports.gates import regression_gate, violation_gate
+    from pytest_budgetbench.reports.load import ReportError
+    from pytest_budgetbench.reports.tables import Prices, Reference
+
+_EXPORTS = {
+    "build_report": "builder",
+    "Report": "builder",
+    "ReportSettings": "builder",
+    "violation_gate": "gates",
+    "regression_gate": "gates",
+    "ReportError": "load",
+    "Prices": "tables",
+    "Reference": "tables",
+}
+
+__all__ = [
+    "Prices",
+    "Reference",
+    "Report",
+    "ReportError",
+    "ReportSettings",
+    "build_report",
+    "regression_gate",
+    "violation_gate",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        # AttributeError (not ImportError) lets `from ... import <submodule>` fall through
+        # to the normal submodule import.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,88 @@
+"""Pass/fail gates over a built report. Pure functions: they return reason lines (empty when
+the gate passes); the plugin and the CLI print them and set the exit status."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_budgetbench.reports import report_json
+from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
+from pytest_budgetbench.reports.tables import paired_deltas
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.reports.builder import Report
+
+# Rates are ratios of counts; anything smaller is float noise, not a change.
+_EPS = 1e-12
+
+
+def violation_gate(report: Report, max_rate: float) -> list[str]:
+    """One line per non-reference strategy@budget whose violation rate, pooled over tasks
+    (violations / (admitted + violations)), exceeds ``max_rate``."""
+    summary = report.summary
+    if summary.empty:
+        return []
+    candidates = summary.loc[~summary["reference"].astype(bool)]
+    pooled = candidates.groupby(["strategy", "budget"], sort=True)[["n_ok", "n_violation"]].sum()
+    reasons = []
+    for (strategy, budget), counts in pooled.iterrows():
+        ran = int(counts["n_ok"] + counts["n_violation"])
+        if ran == 0:
+            continue
+        rate = int(counts["n_violation"]) / ran
+        if rate > max_rate + _EPS:
+            reasons.append(
+                f"{strategy}@{budget}: violation rate {rate:.1%} "
+                f"({int(counts['n_violation'])}/{ran} prompts) exceeds the maximum "
+                f"{max_rate:.1%} by {100 * (rate - max_rate):.1f} percentage points"
+            )
+    return reasons
+
+
+def regression_gate(
+    report: Report, baseline_report_json: Path, max_regression: float
+) -> list[str]:
+    """Compare each task's strategy@budget with the same cell of a baseline report.json.
+
+    Fails a cell when (a) its mean quality, paired by item_id over items scored in both
+    runs, fell by more than ``max_regression`` and the 95% paired bootstrap interval of the
+    change lies below zero, or (b) its violation rate rose (reference strategies, which are
+    allowed to overflow, are exempt from (b)).
+    """
+    try:
+        baseline = report_json.cell_records(report_json.read_report_json(baseline_report_json))
+    except (report_json.BaselineError, KeyError, TypeError, ValueError) as exc:
+        # Fail closed: a gate that silently passes on an unreadable baseline guards nothing.
+        return [f"regression gate: unusable baseline {baseline_report_json}: {exc}"]
+    current = report_json.cell_records(report.document)
+    reasons: list[str] = []
+    for key in sorted(current.keys() & baseline.keys()):
+        task, strategy, budget = key
+        now, before = current[key], baseline[key]
+        label = f"{task}: {strategy}@{budget}"
+        deltas = paired_deltas(now.quality, before.quality)
+        if deltas.size:
+            delta = float(deltas.mean())
+            rng = cell_rng(report.settings.seed, "regression", *key)
+            lo, hi = bootstrap_ci(deltas, resamples=report.settings.resamples, rng=rng)
+            if delta < -max_regression and hi < 0:
+                reasons.append(
+                    f"{label}: quality fell by {-delta:.3f} over {deltas.size} paired items "
+                    f"(95% CI of the change [{lo:.3f}, {hi:.3f}]), more than the allowed "
+                    f"{max_regression:.3f}"
+                )
+        if not now.reference and _rose(now.violation_rate, before.violation_rate):
+            reasons.append(
+                f"{label}: violation rate rose from {before.violation_rate:.1%} "
+                f"({before.n_violation}/{before.n_ok + before.n_violation}) to "
+                f"{now.violation_rate:.1%} ({now.n_violation}/{now.n_ok + now.n_violation})"
+            )
+    return reasons
+
+
+def _rose(now: float, before: float) -> bool:
+    if math.isnan(now):
+        return False
+    return now > (0.0 if math.isnan(before) else before) + _EPS

@@ -1,0 +1,281 @@
+"""report.md and report.html from the tables.
+
+Both render the same curated views (the CSV files carry every column). Every cell goes
+through one escaping function per format, because strategy names, task names, categories,
+error messages and run metadata all come from plugins, data sets or models.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_budgetbench.reports.plots import Plot
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MAX_ERRORS = 20
+MAX_ERROR_CHARS = 300
+
+Cell = Callable[[Any], str]
+
+
+# -- formatting -----------------------------------------------------------------------------
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def num(digits: int = 3) -> Cell:
+    return lambda v: "" if _missing(v) else f"{float(v):.{digits}f}"
+
+
+def integer(value: Any) -> str:
+    return "" if _missing(value) else str(int(value))
+
+
+def percent(value: Any) -> str:
+    return "" if _missing(value) else f"{100.0 * float(value):.1f}%"
+
+
+def text(value: Any) -> str:
+    return "" if _missing(value) else str(value)
+
+
+def interval(mean: str, lo: str, hi: str, digits: int = 3) -> Callable[[pd.Series], str]:
+    """A 'mean [lo, hi]' cell from three columns of a row."""
+
+    def cell(row: pd.Series) -> str:
+        if _missing(row[mean]):
+            return ""
+        fmt = num(digits)
+        if _missing(row[lo]):
+            return fmt(row[mean])
+        return f"{fmt(row[mean])} [{fmt(row[lo])}, {fmt(row[hi])}]"
+
+    return cell
+
+
+def pair(first: str, second: str, fmt: Cell, fmt_second: Cell | None = None) -> Callable[
+    [pd.Series], str
+]:
+    """A 'first / second' cell (mean / max, p50 / p95) from two columns of a row."""
+
+    def cell(row: pd.Series) -> str:
+        if _missing(row[first]):
+            return ""
+        return f"{fmt(row[first])} / {(fmt_second or fmt)(row[second])}"
+
+    return cell
+
+
+@dataclass(frozen=True)
+class Column:
+    """A displayed column: a header and how to make its cell from a table row."""
+
+    header: str
+    cell: Callable[[pd.Series], str]
+
+
+def col(header: str, name: str, fmt: Cell = text) -> Column:
+    return Column(header, lambda row: fmt(row[name]))
+
+
+SUMMARY_VIEW: tuple[Column, ...] = (
+    col("task", "task"),
+    col("strategy", "strategy"),
+    col("budget", "budget", integer),
+    col("items", "n_items", integer),
+    col("admitted", "n_admitted", integer),
+    Column("quality [95% bootstrap]", interval("quality_mean", "quality_lo", "quality_hi")),
+    Column("Wilson 95%", lambda r: "" if _missing(r["wilson_lo"]) else
+           f"[{r['wilson_lo']:.3f}, {r['wilson_hi']:.3f}]"),
+    col("violation rate", "violation_rate", percent),
+    Column("tokens mean / max", pair("tokens_mean", "tokens_max", num(1), integer)),
+    col("utilisation", "utilisation_mean", percent),
+    Column("strategy s p50 / p95", pair("strategy_s_p50", "strategy_s_p95", num(3))),
+    Column("model s p50 / p95", pair("model_s_p50", "model_s_p95", num(3))),
+    col("output tok", "output_tokens_mean", num(1)),
+    col("aux calls", "aux_calls_mean", num(2)),
+    col("aux tok in", "aux_input_tokens_mean", num(1)),
+    col("cost USD", "cost_usd_total", num(4)),
+)
+
+PAIRED_VIEW: tuple[Column, ...] = (
+    col("task", "task"),
+    col("strategy", "strategy"),
+    col("budget", "budget", integer),
+    Column("reference", lambda r: f"{r['ref_strategy']}@{integer(r['ref_budget'])}"),
+    col("paired items", "n_paired", integer),
+    col("quality", "quality", num(3)),
+    col("ref quality", "ref_quality", num(3)),
+    Column("delta [95% paired bootstrap]", interval("delta", "delta_lo", "delta_hi")),
+    col("excluded (violations)", "excluded_violation", integer),
+    col("ref excluded (violations)", "ref_excluded_violation", integer),
+    col("excluded (other)", "excluded_other", integer),
+    col("ref quality of excluded", "ref_quality_of_excluded", num(3)),
+)
+
+CATEGORY_VIEW: tuple[Column, ...] = (
+    col("task", "task"),
+    col("category", "category"),
+    col("strategy", "strategy"),
+    col("budget", "budget", integer),
+    col("items", "n_items", integer),
+    col("admitted", "n_admitted", integer),
+    Column("quality [95% bootstrap]", interval("quality_mean", "quality_lo", "quality_hi")),
+    col("violation rate", "violation_rate", percent),
+    Column("delta vs reference", interval("delta", "delta_lo", "delta_hi")),
+)
+
+
+def view(table: pd.DataFrame, columns: Sequence[Column]) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted (not yet escaped) cells."""
+    headers = [c.header for c in columns]
+    body = [[c.cell(row) for c in columns] for _, row in table.iterrows()]
+    return headers, body
+
+
+@dataclass(frozen=True)
+class Document:
+    """What both formats render: title, provenance lines, tables, plots and errors."""
+
+    title: str
+    facts: list[tuple[str, str]]
+    sections: list[tuple[str, str, tuple[list[str], list[list[str]]]]]
+    plots: list[Plot]
+    errors: list[tuple[str, str, int]]
+
+
+def error_lines(rows: pd.DataFrame) -> list[tuple[str, str, int]]:
+    """The distinct error messages of errored cells: (strategy, message, count)."""
+    errors = rows.loc[rows["status"] == "error", ["strategy", "error"]].fillna("")
+    if errors.empty:
+        return []
+    counts = errors.groupby(["strategy", "error"], sort=False).size().sort_values(ascending=False)
+    return [
+        (str(strategy), _clip(str(message)), int(count))
+        for (strategy, message), count in counts.head(MAX_ERRORS).items()
+    ]
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "…"
+
+
+# -- markdown -------------------------------------------------------------------------------
+def md_escape(value: str) -> str:
+    """Plain text in a Markdown table cell: no HTML, no column breaks, no line breaks."""
+    escaped = html.escape(value, quote=False).replace("|", "\\|")
+    for char in "`*_[]":
+        escaped = escaped.replace(char, "\\" + char)
+    return " ".join(escaped.split())
+
+
+def _md_table(headers: list[str], body: list[list[str]]) -> str:
+    if not body:
+        return "_no rows_\n"
+    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
+             "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in body]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(doc: Document, out_dir: Path) -> str:
+    parts = [f"# {md_escape(doc.title)}\n"]
+    parts += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in doc.facts]
+    for index, (heading, note, (headers, body)) in enumerate(doc.sections):
+        parts.append(f"\n## {md_escape(heading)}\n\n{md_escape(note)}\n")
+        parts.append(_md_table(headers, body))
+        if index == 0 and doc.plots:
+            parts.append("\n## Plots\n")
+            parts.extend(
+                f"![{md_escape(plot.title)}]({plot.path.relative_to(out_dir).as_posix()})\n"
+                for plot in doc.plots
+            )
+    if doc.errors:
+        parts.append("\n## Errors\n")
+        parts.append(_md_table(["strategy", "cells", "message"],
+                               [[s, str(n), m] for s, m, n in doc.errors]))
+    return "\n".join(parts) + "\n"
+
+
+# -- html -----------------------------------------------------------------------------------
+def esc(value: str) -> str:
+    return html.escape(value, quote=True)
+
+
+STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1b1f24}
+h1{font-size:22px;margin:0 0 8px}h2{font-size:17px;margin:28px 0 6px;border-bottom:1px solid #ddd}
+p.note{color:#555;font-size:13px;margin:4px 0 8px}
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px;font-size:13px}
+dt{font-weight:600}dd{margin:0}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;font-size:12px;margin:6px 0}
+th,td{border:1px solid #d0d7de;padding:3px 7px;text-align:right;white-space:nowrap}
+th{background:#f3f5f7}td.t{text-align:left}
+tbody tr:nth-child(even){background:#fafbfc}
+figure{display:inline-block;width:calc(50% - 16px);margin:8px 12px 8px 0;vertical-align:top}
+figcaption{font-size:12px;color:#555}img{max-width:100%;height:auto;border:1px solid #eee}
+""".strip()
+
+# No scripts, no network: the report opens offline and injected markup could not run even
+# if it slipped past escaping.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+# Columns of words rather than numbers, aligned left.
+TEXT_HEADERS = frozenset({"task", "strategy", "category", "reference", "message", "run",
+                          "model", "tokenizer"})
+
+
+def _html_table(headers: list[str], body: list[list[str]]) -> str:
+    if not body:
+        return "<p class=\"note\">no rows</p>"
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    opening = ["<td class=\"t\">" if h in TEXT_HEADERS else "<td>" for h in headers]
+    rows = []
+    for row in body:
+        cells = "".join(f"{opening[i]}{esc(c)}</td>" for i, c in enumerate(row))
+        rows.append(f"<tr>{cells}</tr>")
+    return (f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def render_html(doc: Document) -> str:
+    facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in doc.facts)
+    parts = [
+        "<!DOCTYPE html>",
+        "<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">",
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        f"<title>{esc(doc.title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{esc(doc.title)}</h1><dl>{facts}</dl>",
+    ]
+    # The summary first, then the plots of it, then the detail tables.
+    for index, (heading, note, (headers, body)) in enumerate(doc.sections):
+        parts.append(f"<h2>{esc(heading)}</h2><p class=\"note\">{esc(note)}</p>")
+        parts.append(_html_table(headers, body))
+        if index == 0 and doc.plots:
+            parts.append("<h2>Plots</h2>")
+            parts.extend(
+                f"<figure><img src=\"{_data_uri(plot.path)}\" alt=\"{esc(plot.title)}\">"
+                f"<figcaption>{esc(plot.title)}</figcaption></figure>"
+                for plot in doc.plots
+            )
+    if doc.errors:
+        parts.append("<h2>Errors</h2>")
+        parts.append(_html_table(["strategy", "cells", "message"],
+                                 [[s, str(n), m] for s, m, n in doc.errors]))
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,124 @@
+"""report.json: the machine-readable report, and what a later run's gates read back from it.
+
+Besides the tables it carries each cell's per-item mean quality, so a later run can be
+compared with this one item by item (the regression gate's paired test).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA = "budgetbench.report"
+SCHEMA_VERSION = 1
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe scalars: numpy types to Python, NaN to null."""
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    return [
+        {str(k): _clean(v) for k, v in row.items()}
+        for row in table.to_dict(orient="records")
+    ]
+
+
+def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per cell, its items' ids, mean quality (null unless admitted and scored) and status."""
+    cells = []
+    for (task, strategy, budget), group in items.groupby(list(CELL), sort=True, observed=True):
+        cells.append(
+            {
+                "task": task,
+                "strategy": strategy,
+                "budget": int(budget),
+                "reference": bool(group["reference"].any()),
+                "item_id": [str(i) for i in group["item_id"]],
+                "quality": [_clean(q) for q in group["quality"]],
+                "status": [str(s) for s in group["status"]],
+            }
+        )
+    return cells
+
+
+def write_report_json(path: Path, document: Mapping[str, Any]) -> None:
+    body = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **document}
+    # allow_nan=False: a NaN that escaped _clean would make a file strict parsers reject.
+    path.write_text(
+        json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
+    )
+
+
+class BaselineError(ValueError):
+    """A baseline report.json that cannot be read or has another schema."""
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """One strategy@budget cell of a task as a report recorded it."""
+
+    quality: dict[str, float]  # item_id -> mean quality, admitted and scored items only
+    n_ok: int
+    n_violation: int
+    reference: bool
+
+    @property
+    def violation_rate(self) -> float:
+        ran = self.n_ok + self.n_violation
+        return self.n_violation / ran if ran else math.nan
+
+
+def read_report_json(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BaselineError(f"cannot read baseline report {path}: {exc}") from exc
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise BaselineError(f"{path} is not a budgetbench report.json")
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise BaselineError(
+            f"{path} has report schema version {document.get('schema_version')!r}; "
+            f"this version reads {SCHEMA_VERSION}"
+        )
+    return document
+
+
+def cell_records(document: Mapping[str, Any]) -> dict[tuple[str, str, int], CellRecord]:
+    """(task, strategy, budget) -> the cell's items and counts, from a report document."""
+    counts = {
+        (str(r["task"]), str(r["strategy"]), int(r["budget"])): r
+        for r in document.get("summary", [])
+    }
+    cells: dict[tuple[str, str, int], CellRecord] = {}
+    for cell in document.get("items", []):
+        key = (str(cell["task"]), str(cell["strategy"]), int(cell["budget"]))
+        quality = {
+            str(item): float(q)
+            for item, q, status in zip(cell["item_id"], cell["quality"], cell["status"],
+                                       strict=True)
+            if q is not None and status == ADMITTED
+        }
+        summary = counts.get(key, {})
+        n_violation = summary.get("n_violation")
+        if n_violation is None:
+            n_violation = sum(1 for s in cell["status"] if s == VIOLATION)
+        n_ok = summary.get("n_ok")
+        if n_ok is None:
+            n_ok = sum(1 for s in cell["status"] if s == ADMITTED)
+        cells[key] = CellRecord(quality, int(n_ok), int(n_violation), bool(cell["reference"]))
+    return cells

@@ -1,0 +1,114 @@
+"""Synthetic run records, for tests, the benchmark and trying reports without a model.
+
+Rows follow ROW_FIELDS; qualities are 0/1 draws whose rate rises with the budget, and
+reference strategies violate whenever their (long) prompt exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, SCHEMA_VERSION
+
+
+def make_row(
+    task: str = "memory",
+    item_id: str = "i0",
+    strategy: str = "truncation",
+    budget: int = 1000,
+    *,
+    status: str = "ok",
+    quality: float | None = 1.0,
+    repeat: int = 0,
+    reference: bool = False,
+    category: str | None = None,
+    counted_tokens: int | None = None,
+    run_id: str = "run",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One cells.jsonl row; quality is dropped unless the cell was admitted."""
+    tokens = budget // 2 if counted_tokens is None else counted_tokens
+    row: dict[str, Any] = dict.fromkeys(ROW_FIELDS)
+    row.update(
+        schema=SCHEMA_VERSION,
+        run_id=run_id,
+        cell_id=f"{task}-{item_id}-{strategy}-{budget}" + (f"-r{repeat}" if repeat else ""),
+        task=task,
+        item_id=item_id,
+        category=category,
+        strategy=strategy,
+        reference=reference,
+        budget=budget,
+        repeat=repeat,
+        status=status,
+        counted_tokens=tokens if status != "error" else None,
+        utilisation=round(tokens / budget, 4) if status != "error" else None,
+        quality=quality if status == "ok" else None,
+        prediction="answer" if status == "ok" else None,
+        strategy_s=0.01 if status != "error" else None,
+        model_s=0.5 if status == "ok" else None,
+        output_tokens=8 if status == "ok" else None,
+        aux_calls=[],
+        aux_input_tokens=0,
+        aux_output_tokens=0,
+        aux_s=0.0,
+        model="synthetic",
+        error="" if status != "error" else "synthetic error",
+        seed=0,
+    )
+    row.update(extra)
+    return row
+
+
+def synthetic_rows(
+    *,
+    tasks: Sequence[str] = ("memory",),
+    strategies: Sequence[str] = ("full_context", "truncation", "recency", "summary", "rag"),
+    budgets: Sequence[int] = (256, 512, 1024, 2048, 4096),
+    items: int = 100,
+    repeats: int = 1,
+    categories: Sequence[str] = ("single-hop", "multi-hop", "temporal"),
+    reference: str = "full_context",
+    seed: int = 0,
+    run_id: str = "synthetic",
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    top = max(budgets)
+    rows = []
+    for task in tasks:
+        for index in range(items):
+            item_id = f"item{index:05d}"
+            category = categories[index % len(categories)] if categories else None
+            length = rng.randint(top // 4, top)  # the item's full prompt length
+            for budget in budgets:
+                for s_index, strategy in enumerate(strategies):
+                    is_ref = strategy == reference
+                    for repeat in range(repeats):
+                        tokens = length if is_ref else min(length, int(budget * 0.97))
+                        fits = tokens <= budget and (is_ref or rng.random() > 0.02)
+                        rate = 0.35 + 0.5 * min(tokens, top) / top - 0.03 * s_index
+                        rows.append(make_row(
+                            task, item_id, strategy, budget,
+                            status="ok" if fits else "violation",
+                            quality=float(rng.random() < rate), repeat=repeat,
+                            reference=is_ref, category=category,
+                            counted_tokens=tokens if fits else budget + 1 + tokens % 50,
+                            run_id=run_id, model_s=round(0.2 + tokens / 4000, 4),
+                            strategy_s=round(0.001 + 0.01 * s_index * rng.random(), 5),
+                        ))
+    return rows
+
+
+def write_run(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, torn_tail: str = "") -> Path:
+    """Write rows as a run directory's cells.jsonl (optionally ending in a torn line)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CELLS_FILE
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.write(torn_tail)
+    return run_dir

@@ -1,0 +1,418 @@
+"""The report's tables: items (repeats averaged), summary, paired deltas and categories.
+
+Everything starts from the item table: one row per task, strategy, budget and item, with
+quality averaged over the item's admitted repeats. Intervals are computed on it, so an
+item counts once however often it was repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_budgetbench.reports.stats import (
+    bootstrap_ci,
+    cell_rng,
+    is_binary,
+    wilson_interval,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CELL: tuple[str, ...] = ("task", "strategy", "budget")
+CATEGORY_CELL: tuple[str, ...] = ("task", "category", "strategy", "budget")
+DEFAULT_REFERENCE = "full_context"
+
+# Item status after merging repeats: admitted if any repeat was, else violation if any was.
+ADMITTED, VIOLATION, ERROR = "ok", "violation", "error"
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens; input covers prompts, output covers completions."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+
+# One price for every row, or prices by the row's model id ("*" matches any other model).
+PriceTable = Prices | Mapping[str, Prices]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The cell every other cell of a task is paired against; budget None means the
+    largest budget the strategy ran at in that task."""
+
+    strategy: str | None = None
+    budget: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Reference:
+        if text is None or not text.strip():
+            return cls()
+        strategy, sep, budget = text.strip().rpartition("@")
+        if not sep:
+            return cls(strategy=budget)
+        if not strategy:
+            raise ValueError(f"reference {text!r} names no strategy (expected strategy@budget)")
+        try:
+            return cls(strategy=strategy, budget=int(budget))
+        except ValueError:
+            raise ValueError(f"reference {text!r}: budget {budget!r} is not an integer") from None
+
+    def resolve(self, task_items: pd.DataFrame) -> tuple[str, int] | None:
+        """The (strategy, budget) of the reference in one task, or None if it did not run."""
+        strategy = self.strategy or _default_reference_strategy(task_items)
+        if strategy is None:
+            return None
+        budgets = task_items.loc[task_items["strategy"] == strategy, "budget"]
+        if budgets.empty:
+            return None
+        if self.budget is None:
+            return strategy, int(budgets.max())
+        return (strategy, self.budget) if (budgets == self.budget).any() else None
+
+
+def _default_reference_strategy(task_items: pd.DataFrame) -> str | None:
+    strategies = task_items["strategy"]
+    if (strategies == DEFAULT_REFERENCE).any():
+        return DEFAULT_REFERENCE
+    flagged = sorted(set(strategies[task_items["reference"]]))
+    return flagged[0] if flagged else None
+
+
+# -- items ----------------------------------------------------------------------------------
+def item_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per task, strategy, budget and item: repeats merged, quality averaged over
+    the admitted, scored repeats."""
+    import pandas as pd
+
+    keys = [*CELL, "item_id"]
+    flags = rows[keys].copy()
+    for status in (ADMITTED, VIOLATION, ERROR):
+        flags[f"n_{status}"] = (rows["status"] == status).astype("int64")
+    flags["quality"] = rows["quality"]
+    flags["category"] = rows["category"]
+    flags["reference"] = rows["reference"]
+    grouped = flags.groupby(keys, sort=True, observed=True)
+    items = grouped.agg(
+        category=("category", "first"),
+        reference=("reference", "max"),
+        n_repeats=("n_ok", "size"),
+        n_ok=("n_ok", "sum"),
+        n_violation=("n_violation", "sum"),
+        n_error=("n_error", "sum"),
+        quality=("quality", "mean"),
+    ).reset_index()
+    items["status"] = np.select(
+        [items["n_ok"] > 0, items["n_violation"] > 0], [ADMITTED, VIOLATION], default=ERROR
+    )
+    return pd.DataFrame(items)
+
+
+# -- summary --------------------------------------------------------------------------------
+def summary_table(
+    rows: pd.DataFrame,
+    items: pd.DataFrame,
+    keys: Sequence[str] = CELL,
+    *,
+    resamples: int,
+    seed: int,
+    prices: PriceTable | None = None,
+) -> pd.DataFrame:
+    """Per-cell statistics: counts, mean quality with intervals, violation rate, tokens,
+    latency, auxiliary calls and cost. ``keys`` adds grouping levels (category)."""
+    keys = list(keys)
+    if rows.empty:
+        return _empty(SUMMARY_COLUMNS, keys)
+    quality = _quality_stats(items, keys, resamples=resamples, seed=seed)
+    usage = _usage_stats(rows, keys, prices)
+    table = quality.merge(usage, on=keys, how="outer").sort_values(keys).reset_index(drop=True)
+    return table[[*keys, *(c for c in SUMMARY_COLUMNS if c not in keys)]]
+
+
+SUMMARY_COLUMNS: tuple[str, ...] = (
+    "reference",
+    "n_items",
+    "n_admitted",
+    "n_scored",
+    "quality_mean",
+    "quality_lo",
+    "quality_hi",
+    "binary",
+    "wilson_lo",
+    "wilson_hi",
+    "n_cells",
+    "n_ok",
+    "n_violation",
+    "n_error",
+    "violation_rate",
+    "tokens_mean",
+    "tokens_max",
+    "utilisation_mean",
+    "strategy_s_p50",
+    "strategy_s_p95",
+    "model_s_p50",
+    "model_s_p95",
+    "latency_s_p50",
+    "latency_s_p95",
+    "output_tokens_mean",
+    "aux_calls_mean",
+    "aux_input_tokens_mean",
+    "aux_output_tokens_mean",
+    "cost_usd_total",
+    "cost_usd_per_cell",
+)
+
+
+def interval_stats(
+    values: np.ndarray, *, resamples: int, rng: np.random.Generator
+) -> dict[str, Any]:
+    """Mean, bootstrap interval and (for 0/1 values) Wilson interval of one sample."""
+    n = int(values.size)
+    mean = float(values.mean()) if n else math.nan
+    lo, hi = bootstrap_ci(values, resamples=resamples, rng=rng)
+    binary = is_binary(values)
+    w_lo, w_hi = wilson_interval(int(values.sum()), n) if binary else (math.nan, math.nan)
+    return {
+        "quality_mean": mean,
+        "quality_lo": lo,
+        "quality_hi": hi,
+        "binary": binary,
+        "wilson_lo": w_lo,
+        "wilson_hi": w_hi,
+    }
+
+
+def _quality_stats(
+    items: pd.DataFrame, keys: list[str], *, resamples: int, seed: int
+) -> pd.DataFrame:
+    import pandas as pd
+
+    records = []
+    for key, group in items.groupby(keys, sort=True, observed=True):
+        key_values = key if isinstance(key, tuple) else (key,)
+        scores = group["quality"].to_numpy(dtype=np.float64)
+        scores = scores[~np.isnan(scores)]
+        rng = cell_rng(seed, "quality", *key_values)
+        records.append(
+            {
+                **dict(zip(keys, key_values, strict=True)),
+                "reference": bool(group["reference"].any()),
+                "n_items": len(group),
+                "n_admitted": int((group["status"] == ADMITTED).sum()),
+                "n_scored": int(scores.size),
+                **interval_stats(scores, resamples=resamples, rng=rng),
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None) -> pd.DataFrame:
+    """Row-level statistics: every repeat is a real prompt, call and cost."""
+    ok = rows["status"] == ADMITTED
+    # The strategy (and its auxiliary calls) ran whether or not the prompt then fitted.
+    ran = ok | (rows["status"] == VIOLATION)
+    data = rows[keys].copy()
+    data["is_ok"] = ok.astype("int64")
+    data["is_violation"] = (rows["status"] == VIOLATION).astype("int64")
+    data["is_error"] = (rows["status"] == ERROR).astype("int64")
+    data["tokens"] = rows["counted_tokens"].where(ok)
+    data["utilisation"] = rows["utilisation"].where(ok)
+    data["model_s"] = rows["model_s"].where(ok)
+    data["latency_s"] = (rows["strategy_s"].fillna(0.0) + rows["model_s"]).where(ok)
+    data["output_tokens"] = rows["output_tokens"].where(ok)
+    data["strategy_s"] = rows["strategy_s"].where(ran)
+    data["aux_calls"] = rows["aux_calls"].where(ran)
+    data["aux_input_tokens"] = rows["aux_input_tokens"].where(ran)
+    data["aux_output_tokens"] = rows["aux_output_tokens"].where(ran)
+    data["cost"] = row_cost(rows, prices)
+    grouped = data.groupby(keys, sort=True, observed=True)
+    table = grouped.agg(
+        n_cells=("is_ok", "size"),
+        n_ok=("is_ok", "sum"),
+        n_violation=("is_violation", "sum"),
+        n_error=("is_error", "sum"),
+        tokens_mean=("tokens", "mean"),
+        tokens_max=("tokens", "max"),
+        utilisation_mean=("utilisation", "mean"),
+        output_tokens_mean=("output_tokens", "mean"),
+        aux_calls_mean=("aux_calls", "mean"),
+        aux_input_tokens_mean=("aux_input_tokens", "mean"),
+        aux_output_tokens_mean=("aux_output_tokens", "mean"),
+        cost_usd_total=("cost", lambda c: c.sum(min_count=1)),
+    )
+    for column in ("strategy_s", "model_s", "latency_s"):
+        table[f"{column}_p50"] = grouped[column].quantile(0.5)
+        table[f"{column}_p95"] = grouped[column].quantile(0.95)
+    admitted_or_violated = table["n_ok"] + table["n_violation"]
+    table["violation_rate"] = (table["n_violation"] / admitted_or_violated).where(
+        admitted_or_violated > 0
+    )
+    table["cost_usd_per_cell"] = table["cost_usd_total"] / table["n_cells"]
+    return table.reset_index()
+
+
+def row_cost(rows: pd.DataFrame, prices: PriceTable | None) -> pd.Series:
+    """USD per row: the answered prompt and its completion, plus every auxiliary call.
+
+    A violating prompt was never sent, so it costs only its auxiliary calls. NaN when no
+    price applies, so a report without prices leaves the cost columns empty.
+    """
+    import pandas as pd
+
+    price_in, price_out = _price_columns(rows, prices)
+    ok = rows["status"] == ADMITTED
+    tokens_in = rows["counted_tokens"].where(ok, 0.0).fillna(0.0) + rows[
+        "aux_input_tokens"
+    ].fillna(0.0)
+    tokens_out = rows["output_tokens"].where(ok, 0.0).fillna(0.0) + rows[
+        "aux_output_tokens"
+    ].fillna(0.0)
+    return pd.Series(
+        (tokens_in * price_in + tokens_out * price_out) / 1e6, index=rows.index, dtype="float64"
+    )
+
+
+def _price_columns(rows: pd.DataFrame, prices: PriceTable | None) -> tuple[Any, Any]:
+    if prices is None:
+        return math.nan, math.nan
+    if isinstance(prices, Prices):
+        return prices.input_per_mtok, prices.output_per_mtok
+    fallback = prices.get("*")
+
+    def lookup(model: object, attr: str) -> float:
+        price = prices.get(str(model), fallback) if model is not None else fallback
+        return math.nan if price is None else float(getattr(price, attr))
+
+    models = rows["model"]
+    return (
+        models.map(lambda m: lookup(m, "input_per_mtok")).astype("float64"),
+        models.map(lambda m: lookup(m, "output_per_mtok")).astype("float64"),
+    )
+
+
+# -- paired ---------------------------------------------------------------------------------
+PAIRED_COLUMNS: tuple[str, ...] = (
+    "ref_strategy",
+    "ref_budget",
+    "n_items",
+    "n_paired",
+    "quality",
+    "ref_quality",
+    "delta",
+    "delta_lo",
+    "delta_hi",
+    "excluded_violation",
+    "ref_excluded_violation",
+    "excluded_other",
+    "ref_quality_of_excluded",
+)
+
+
+def paired_table(
+    items: pd.DataFrame,
+    reference: Reference,
+    keys: Sequence[str] = CELL,
+    *,
+    resamples: int,
+    seed: int,
+) -> pd.DataFrame:
+    """Each cell against its task's reference cell, over the items admitted (and scored)
+    in both. Exclusion counts show what the pairing dropped and why, and the reference's
+    quality on the items the cell lost to violations shows whether they were easy ones."""
+    import pandas as pd
+
+    keys = list(keys)
+    records = []
+    for _task, task_items in items.groupby("task", sort=True, observed=True):
+        resolved = reference.resolve(task_items)
+        if resolved is None:
+            continue
+        ref_strategy, ref_budget = resolved
+        is_ref = (task_items["strategy"] == ref_strategy) & (task_items["budget"] == ref_budget)
+        ref = task_items.loc[is_ref, ["item_id", "status", "quality"]].rename(
+            columns={"status": "ref_status", "quality": "ref_quality"}
+        )
+        others = task_items.loc[~is_ref]
+        merged = others.merge(ref, on="item_id", how="left")
+        for key, group in merged.groupby(keys, sort=True, observed=True):
+            key_values = key if isinstance(key, tuple) else (key,)
+            records.append(
+                {
+                    **dict(zip(keys, key_values, strict=True)),
+                    "ref_strategy": ref_strategy,
+                    "ref_budget": ref_budget,
+                    **_pair(group, resamples=resamples,
+                            rng=cell_rng(seed, "paired", ref_strategy, ref_budget, *key_values)),
+                }
+            )
+    if not records:
+        return _empty(PAIRED_COLUMNS, keys)
+    return pd.DataFrame.from_records(records)[[*keys, *PAIRED_COLUMNS]]
+
+
+def _pair(group: pd.DataFrame, *, resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+    both = group["quality"].notna() & group["ref_quality"].notna()
+    diffs = (group["quality"] - group["ref_quality"])[both].to_numpy(dtype=np.float64)
+    lo, hi = bootstrap_ci(diffs, resamples=resamples, rng=rng)
+    excluded = group["status"] == VIOLATION
+    ref_excluded = group["ref_status"] == VIOLATION
+    lost_ref_quality = group.loc[excluded, "ref_quality"]
+    return {
+        "n_items": len(group),
+        "n_paired": int(both.sum()),
+        "quality": _mean(group.loc[both, "quality"]),
+        "ref_quality": _mean(group.loc[both, "ref_quality"]),
+        "delta": float(diffs.mean()) if diffs.size else math.nan,
+        "delta_lo": lo,
+        "delta_hi": hi,
+        "excluded_violation": int(excluded.sum()),
+        "ref_excluded_violation": int(ref_excluded.sum()),
+        # Errors, unscored answers and items missing from the reference run.
+        "excluded_other": int((~both & ~excluded & ~ref_excluded).sum()),
+        "ref_quality_of_excluded": _mean(lost_ref_quality),
+    }
+
+
+def paired_deltas(
+    current: Mapping[str, float], baseline: Mapping[str, float]
+) -> np.ndarray:
+    """current - baseline for the item ids both score (used against a baseline report)."""
+    shared = sorted(set(current) & set(baseline))
+    return np.array([current[i] - baseline[i] for i in shared], dtype=np.float64)
+
+
+# -- categories -----------------------------------------------------------------------------
+def category_table(
+    rows: pd.DataFrame,
+    items: pd.DataFrame,
+    reference: Reference,
+    *,
+    resamples: int,
+    seed: int,
+    prices: PriceTable | None = None,
+) -> pd.DataFrame:
+    """The summary statistics per category, with the paired delta against the reference."""
+    keys = list(CATEGORY_CELL)
+    summary = summary_table(rows, items, keys, resamples=resamples, seed=seed, prices=prices)
+    paired = paired_table(items, reference, keys, resamples=resamples, seed=seed)
+    paired = paired[[*keys, "n_paired", "delta", "delta_lo", "delta_hi"]]
+    return summary.merge(paired, on=keys, how="left")
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _mean(values: pd.Series) -> float:
+    return float(values.mean()) if values.notna().any() else math.nan
+
+
+def _empty(columns: Sequence[str], keys: Sequence[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(columns=[*keys, *(c for c in columns if c not in keys)])

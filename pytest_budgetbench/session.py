@@ -1,0 +1,212 @@
+"""The run object: one per pytest process, kept in ``config.stash``.
+
+The controller (the only process without xdist, or xdist's master) resolves the endpoint
+once (starting the embedded llama.cpp server when none is given), names the run, and
+hands both to xdist workers through ``workerinput``. Each process builds its own runner
+lazily on its first cell, so heavy imports happen only when a sweep really runs.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.cells import Cell, build_cells
+from pytest_budgetbench.config import Settings
+from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.records import RunStore
+from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, redact_url
+
+WORKER_KEY = "budgetbench"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class BudgetBenchSession:
+    def __init__(self, settings: Settings, *, worker_state: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.is_worker = worker_state is not None
+        self.run_id: str = worker_state["run_id"] if worker_state else new_run_id()
+        self.endpoint: Endpoint | None = (
+            Endpoint(**worker_state["endpoint"]) if worker_state else None
+        )
+        self.store = RunStore(Path(settings.out) / self.run_id)
+        self.catalog = Catalog(settings)
+        self.server: Any = None
+        self.results: dict[str, CellResult] = {}
+        self.gate_failures: list[str] = []
+        self.report_dir: Path | None = None
+        self._runner: Runner | None = None
+
+    # -- controller --------------------------------------------------------------------
+    def start(self) -> None:
+        """Resolve the endpoint before any cell runs; raises EndpointError with the reason."""
+        settings = self.settings
+        if settings.endpoint:
+            from pytest_budgetbench.model import probe_endpoint
+
+            served = probe_endpoint(settings.endpoint, settings.api_key)
+            model = settings.model or (served[0] if served else None)
+            if not model:
+                raise EndpointError(
+                    f"{redact_url(settings.endpoint)} lists no models; "
+                    "pass --budgetbench-model=NAME"
+                )
+            self.endpoint = Endpoint(base_url=settings.endpoint, model=model)
+        else:
+            self.endpoint = self._start_embedded()
+        self.store.write_run_info(
+            {"run_id": self.run_id, "settings": settings.public(),
+             "endpoint": redact_url(self.endpoint.base_url), "model": self.endpoint.model,
+             "server_flags": self.endpoint.server_flags, "started": time.time()}
+        )
+
+    def _start_embedded(self) -> Endpoint:
+        from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer
+
+        settings = self.settings
+        n_ctx = max(8192, max(settings.budgets) + settings.max_tokens + 64)
+        server = EmbeddedServer(
+            n_ctx=n_ctx, threads=settings.threads, log_path=self.store.run_dir / "server.log"
+        )
+        server.start()
+        self.server = server
+        return Endpoint(
+            base_url=server.base_url,
+            model=EMBEDDED_MODEL_ALIAS,
+            embedded=True,
+            gguf_path=str(server.model_path),
+            server_flags=dict(server.flags),
+        )
+
+    def worker_state(self) -> dict[str, Any]:
+        assert self.endpoint is not None
+        return {"run_id": self.run_id, "endpoint": vars(self.endpoint)}
+
+    def finish(self) -> list[str]:
+        """Write the report of this run and return the gates' failure reasons."""
+        settings = self.settings
+        if settings.report == "off" and settings.max_violation_rate is None and (
+            settings.baseline is None
+        ):
+            return []
+        from pytest_budgetbench import reports
+
+        prices = None
+        if settings.price_in is not None or settings.price_out is not None:
+            prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
+        report = reports.build_report(
+            [self.store.run_dir], self.store.run_dir / "report",
+            reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
+            prices=prices, plots=settings.report == "on",
+        )
+        self.report_dir = report.out_dir
+        failures: list[str] = []
+        if settings.max_violation_rate is not None:
+            failures += reports.violation_gate(report, settings.max_violation_rate)
+        if settings.baseline is not None and settings.max_regression is not None:
+            failures += reports.regression_gate(
+                report, Path(settings.baseline), settings.max_regression
+            )
+        return failures
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    # -- every process -----------------------------------------------------------------
+    def cells(self) -> list[Cell]:
+        tasks = self.settings.tasks
+        items = {task: [i.item_id for i in self.catalog.items(task)] for task in tasks}
+        from pytest_budgetbench.strategies import REGISTRY
+
+        names = {spec: REGISTRY.resolve(spec).name or spec for spec in self.settings.strategies}
+        cells = build_cells(
+            items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
+        )
+        if self.settings.shuffle == "on":
+            # Seeded, so every xdist worker collects the same order.
+            random.Random(self.settings.seed).shuffle(cells)
+        return cells
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            self._runner = self._make_runner()
+        return self._runner
+
+    def _make_runner(self) -> Runner:
+        from pytest_budgetbench.model import ChatModel
+
+        if self.endpoint is None:
+            raise EndpointError("the sweep's endpoint was not resolved at session start")
+        settings = self.settings
+        chat = ChatModel(
+            self.endpoint.base_url,
+            self.endpoint.model,
+            api_key=settings.api_key,
+            timeout=settings.timeout,
+            attempts=settings.retries,
+            temperature=settings.temperature,
+            seed=settings.seed,
+        )
+        return Runner(
+            settings,
+            self.catalog,
+            self.endpoint,
+            self.store,
+            self.run_id,
+            tokens=make_counter(settings, self.endpoint),
+            chat=chat,
+            embedder_factory=self._embedder_factory(),
+        )
+
+    def _embedder_factory(self) -> Any:
+        name = self.settings.embedding_model
+
+        def factory() -> Any:
+            from pytest_budgetbench.embeddings import make_embedder
+
+            return make_embedder(name)
+
+        return factory
+
+    def run_cell(self, cell: Cell, timer: Any = None) -> CellResult:
+        """Run a cell once per process; later requests for it get the same result."""
+        if cell.cell_id not in self.results:
+            self.results[cell.cell_id] = self.runner.run(cell, timer)
+        return self.results[cell.cell_id]
+
+
+def make_counter(settings: Settings, endpoint: Endpoint) -> Any:
+    """The token counter ``--budgetbench-tokenizer`` asks for."""
+    from pytest_budgetbench import budget
+
+    choice = settings.tokenizer
+    if choice == "approx":
+        return budget.ApproxCounter()
+    if choice.startswith("hf:"):
+        return budget.HFCounter(choice[len("hf:"):])
+    if choice.startswith("gguf:"):
+        return budget.GGUFCounter(choice[len("gguf:"):])
+    if choice == "server":
+        return budget.ServerCounter(endpoint.base_url, endpoint.model, settings.api_key)
+    # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
+    if endpoint.gguf_path:
+        return budget.GGUFCounter(endpoint.gguf_path)
+    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, settings.api_key)
+    try:
+        counter.count_text("probe")
+    except TokenizerError as exc:
+        raise TokenizerError(
+            f"--budgetbench-tokenizer=auto cannot count for {redact_url(endpoint.base_url)}: "
+            f"it has no /tokenize route. Pass hf:<dir-or-tokenizer.json> for exact counts, "
+            f"or approx to accept approximate ones ({exc})"
+        ) from None
+    return counter

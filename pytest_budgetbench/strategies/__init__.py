@@ -1,0 +1,48 @@
+"""Strategy registry: built-in names, the ``budgetbench.strategies`` entry points, and
+``module:attr`` references to a user's own class."""
+
+from __future__ import annotations
+
+from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.registry import Registry
+from pytest_budgetbench.strategies.base import (
+    AuxiliaryModel,
+    Embedder,
+    Regime,
+    Strategy,
+    StrategyContext,
+)
+
+__all__ = [
+    "REGISTRY",
+    "AuxiliaryModel",
+    "Embedder",
+    "Regime",
+    "Strategy",
+    "StrategyContext",
+    "load_strategy",
+]
+
+# Built-ins resolve without entry-point metadata, so a source checkout works too.
+REGISTRY: Registry[Strategy] = Registry(
+    kind="strategy",
+    option="--budgetbench-strategies",
+    group="budgetbench.strategies",
+    base=Strategy,
+    builtin={
+        "full_context": "pytest_budgetbench.strategies.full_context:FullContext",
+        "truncation": "pytest_budgetbench.strategies.truncation:Truncation",
+        "rag": "pytest_budgetbench.strategies.rag:Rag",
+        "lean_retrieval": "pytest_budgetbench.strategies.lean_retrieval:LeanRetrieval",
+        "summary_buffer": "pytest_budgetbench.strategies.summary_buffer:SummaryBuffer",
+        "checkpoint_context": "pytest_budgetbench.strategies.checkpoint_context:CheckpointContext",
+        "compression": "pytest_budgetbench.strategies.compression:Compression",
+    },
+)
+
+
+def load_strategy(spec: str) -> Strategy:
+    strategy = REGISTRY.resolve(spec)()
+    if not strategy.name:
+        raise ConfigError(f"strategy '{spec}' has no name: set the class attribute 'name'")
+    return strategy

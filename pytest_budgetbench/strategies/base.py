@@ -1,0 +1,104 @@
+"""What a strategy is: ``(messages, budget) -> messages``, plus what it declares.
+
+A strategy never counts for enforcement and never calls a model on its own: the runner
+hands it a :class:`StrategyContext` at :meth:`Strategy.reset`, whose token counter,
+auxiliary model and embedder are the runner's, so that every auxiliary call is budgeted,
+cached and recorded.
+
+A minimal strategy::
+
+    class KeepLastTwo(Strategy):
+        name = "keep_last_two"
+        regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
+
+        def apply(self, messages, budget):
+            head, history, query = split_ends(messages)
+            return head + history[-2:] + query
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pytest_budgetbench.messages import Message
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.budget import TokenCounter
+
+
+class Regime(enum.StrEnum):
+    """Where and how a strategy can be deployed; a row records every regime declared."""
+
+    LOCAL_ONLY = "local-only"
+    AUXILIARY_MODEL = "auxiliary-model-assisted"
+    HOSTED = "hosted"
+    PERSISTENT_STATEFUL = "persistent-stateful"
+    RESET_PER_ITEM = "reset-per-item"
+
+
+class AuxiliaryModel(Protocol):
+    """A chat model a strategy may call (e.g. to summarise). The runner budgets and records it."""
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+        """Return the reply text. Raises BudgetExceeded when the prompt exceeds the cell budget."""
+        ...
+
+
+class Embedder(Protocol):
+    """Text embeddings, batched and cached by content hash across the whole run."""
+
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+@dataclass
+class StrategyContext:
+    """The runner's services for one item."""
+
+    tokens: TokenCounter
+    item_id: str = ""
+    seed: int = 0
+    aux: AuxiliaryModel | None = None
+    embedder_factory: object = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Strategy options from the command line, e.g. ``rag_chunk`` ("adaptive" or tokens)."""
+    _embedder: Embedder | None = field(default=None, repr=False)
+
+    @property
+    def embedder(self) -> Embedder:
+        """The run's embedder, created on first use."""
+        if self._embedder is None:
+            if not callable(self.embedder_factory):
+                raise RuntimeError("this run has no embedder configured")
+            self._embedder = self.embedder_factory()
+        assert self._embedder is not None
+        return self._embedder
+
+
+class Strategy(ABC):
+    """Turns a task's chat history into a prompt that should fit ``budget`` tokens."""
+
+    name: ClassVar[str] = ""
+    regimes: ClassVar[frozenset[Regime]] = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
+    reference: ClassVar[bool] = False
+    """A reference strategy (like full_context) is exempt from the budget: its cells over
+    budget are xfailed, and its violations are still recorded."""
+
+    context: StrategyContext
+
+    def reset(self, context: StrategyContext) -> None:
+        """Forget per-item state and take the runner's services for the next item."""
+        self.context = context
+
+    @abstractmethod
+    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+        """Return the prompt to send. Must not mutate ``messages``."""
+
+    @classmethod
+    def regime_label(cls) -> str:
+        return ",".join(sorted(r.value for r in cls.regimes))

@@ -1,0 +1,106 @@
+"""Reading official benchmark files, with one-line DataErrors that say how to fix them.
+
+Every message names the task, the file (and the record, when one is at fault) and the
+option that points at the right file, e.g.::
+
+    task 'locomo' needs locomo10.json: pass --budgetbench-data-locomo=PATH
+    (file not found: data/locomo10.json)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.errors import DataError
+
+
+def flag(task: str) -> str:
+    return f"--budgetbench-data-{task}=PATH (or BUDGETBENCH_DATA_{task.upper()})"
+
+
+def one_line(text: object, limit: int = 160) -> str:
+    """An exception text on one short line, so the DataError stays one line."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def missing(task: str, wanted: str, problem: str) -> DataError:
+    return DataError(f"task '{task}' needs {wanted}: pass {flag(task)} ({one_line(problem)})")
+
+
+def malformed(task: str, path: Path, problem: str, wanted: str | None = None) -> DataError:
+    hint = f"point {flag(task)} at the official {wanted or path.name}"
+    return DataError(f"task '{task}' cannot read {path}: {one_line(problem)}; {hint}")
+
+
+def resolve_file(task: str, path: Path | None, official: tuple[str, ...]) -> Path:
+    """The data file: ``path`` itself, or the first official file name inside a directory."""
+    wanted = " or ".join(official)
+    if path is None:
+        raise missing(task, wanted, "no path given")
+    if path.is_dir():
+        for name in official:
+            if (path / name).is_file():
+                return path / name
+        raise missing(task, wanted, f"no {wanted} in directory {path}")
+    if not path.is_file():
+        raise missing(task, wanted, f"file not found: {path}")
+    return path
+
+
+def read_json(task: str, path: Path, wanted: str | None = None) -> Any:
+    """A JSON file, or a JSON-lines file when it ends in ``.jsonl``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise malformed(task, path, f"cannot read it ({exc})", wanted) from exc
+    try:
+        if path.suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise malformed(task, path, f"invalid JSON ({exc})", wanted) from exc
+
+
+def records(task: str, path: Path, data: Any, wanted: str | None = None) -> list[dict[str, Any]]:
+    """``data`` as a non-empty list of JSON objects."""
+    if not isinstance(data, list):
+        raise malformed(task, path, f"expected a JSON list of records, got {type(data).__name__}",
+                        wanted)
+    if not data:
+        raise malformed(task, path, "the file holds no records", wanted)
+    for index, record in enumerate(data):
+        if not isinstance(record, dict):
+            raise malformed(task, path, f"record {index} is a {type(record).__name__}, "
+                            "not an object", wanted)
+    return data
+
+
+def require(
+    task: str,
+    path: Path,
+    record: Mapping[str, Any],
+    index: int,
+    fields: Iterable[str],
+    key: str | None = None,
+) -> None:
+    """Raise a DataError naming the record when it lacks any of ``fields``."""
+    absent = [name for name in fields if name not in record]
+    if absent:
+        label = f"record {index}"
+        if key and key in record:
+            label += f" ({key}={record[key]!r})"
+        raise malformed(task, path, f"{label} lacks field(s) {', '.join(absent)}")
+
+
+def cell_suffix(cell_id: str) -> str:
+    """The strategy-budget part of a cell id (``task-item-strategy-budget[-rN]``).
+
+    Export files are split by it, because upstream evaluators key predictions by item id
+    and one item appears once per strategy and budget.
+    """
+    parts = cell_id.split("-")
+    return "-".join(parts[2:]) if len(parts) >= 4 else "run"

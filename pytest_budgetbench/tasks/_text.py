@@ -1,0 +1,177 @@
+"""Text helpers shared by the real-benchmark tasks: answer normalisation, token F1, reply
+cleaning, phrase containment, and chunking long documents into several messages.
+
+Every task that scores text uses these functions, so that two graders never disagree on
+what "normalised" means. The normalisation follows the official SQuAD / HotpotQA /
+LoCoMo scripts: lower-case, drop ``string.punctuation``, drop articles by the same word-
+boundary regex, collapse whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.tasks._porter import porter_stem
+
+CHARS_PER_TOKEN = 4
+"""How tasks approximate tokens when chunking: the tokenizer is not known at load time."""
+
+SQUAD_ARTICLES: tuple[str, ...] = ("a", "an", "the")
+LOCOMO_ARTICLES: tuple[str, ...] = ("a", "an", "the", "and")
+
+_PUNCTUATION = frozenset(string.punctuation)
+
+ABSTAIN_PHRASES: tuple[str, ...] = (
+    "unknown",
+    "dont know",
+    "do not know",
+    "not mentioned",
+    "no information",
+    "not enough",
+    "insufficient information",
+    "no mention",
+    "not stated",
+    "not specified",
+    "not provided",
+    "cannot determine",
+    "cant determine",
+    "cannot be determined",
+    "cannot answer",
+    "cant answer",
+    "unanswerable",
+    "not sure",
+    "did not mention",
+    "didnt mention",
+    "never mentioned",
+)
+"""Normalised phrases that mark a reply as "the history does not say"."""
+
+
+# -- normalisation and F1 ---------------------------------------------------------------
+def normalize_answer(text: str, articles: Sequence[str] = SQUAD_ARTICLES) -> str:
+    """SQuAD-style normalisation: lower, no punctuation, no articles, single spaces."""
+    lowered = str(text).lower()
+    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    if articles:
+        pattern = r"\b(" + "|".join(re.escape(a) for a in articles) + r")\b"
+        no_punct = re.sub(pattern, " ", no_punct)
+    return " ".join(no_punct.split())
+
+
+def token_f1(prediction: Sequence[str], gold: Sequence[str]) -> tuple[float, float, float]:
+    """(F1, precision, recall) of two token lists by multiset overlap; 0 when either is empty."""
+    common = Counter(prediction) & Counter(gold)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0, 0.0, 0.0
+    precision = same / len(prediction)
+    recall = same / len(gold)
+    return 2 * precision * recall / (precision + recall), precision, recall
+
+
+def stemmed_tokens(text: str, articles: Sequence[str] = LOCOMO_ARTICLES) -> list[str]:
+    """Normalised, Porter-stemmed tokens (LoCoMo's F1 input)."""
+    return [porter_stem(word) for word in normalize_answer(text, articles).split()]
+
+
+# -- replies ----------------------------------------------------------------------------
+_ANSWER_LABEL = re.compile(r"^\s*(?:final\s+|short\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+
+
+def clean_reply(reply: str | None) -> str:
+    """The reply without markdown emphasis (``*``) and surrounding whitespace."""
+    return (reply or "").replace("*", "").strip()
+
+
+def short_answer(reply: str | None) -> str:
+    """The first non-empty line of a reply, without markdown and an "Answer:" label.
+
+    Short-answer benchmarks score the answer span; a model that adds an explanation on
+    later lines should not be charged for it, nor credited for words it hedged with there.
+    """
+    for line in clean_reply(reply).splitlines():
+        line = _ANSWER_LABEL.sub("", line).strip()
+        if line:
+            return line
+    return ""
+
+
+def contains_phrase(haystack: str, needle: str) -> bool:
+    """Whether the normalised ``needle`` occurs in the normalised ``haystack`` as whole words.
+
+    An empty needle is never contained: an empty gold answer must not make everything right.
+    """
+    wanted = normalize_answer(needle)
+    return bool(wanted) and f" {wanted} " in f" {normalize_answer(haystack)} "
+
+
+def says_unanswerable(reply: str | None) -> bool:
+    """Whether a reply states that the information is not available."""
+    # A typographic apostrophe is not in string.punctuation: drop it as "'" is dropped.
+    said = f" {normalize_answer((reply or '').replace(chr(0x2019), ''))} "
+    return any(f" {phrase} " in said for phrase in ABSTAIN_PHRASES)
+
+
+# -- chunking ---------------------------------------------------------------------------
+_BREAKS: tuple[str, ...] = ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ")
+
+
+def chunk_text(text: str, chunk_tokens: int) -> list[str]:
+    """Split ``text`` into pieces of at most ``4 * chunk_tokens`` characters.
+
+    Cuts prefer paragraph, then line, then sentence, then word boundaries, but only in
+    the second half of a window, so pieces stay near the target size. The split is
+    lossless: ``"".join(chunk_text(t, n)) == t``.
+    """
+    limit = max(1, chunk_tokens) * CHARS_PER_TOKEN
+    chunks: list[str] = []
+    start = 0
+    while len(text) - start > limit:
+        cut = _cut_point(text, start, limit)
+        chunks.append(text[start:cut])
+        start = cut
+    if start < len(text):
+        chunks.append(text[start:])
+    return chunks
+
+
+def _cut_point(text: str, start: int, limit: int) -> int:
+    window = text[start : start + limit]
+    for mark in _BREAKS:
+        at = window.rfind(mark)
+        if at >= limit // 2:
+            return start + at + len(mark)
+    return start + limit
+
+
+def document_messages(
+    text: str,
+    chunk_tokens: int,
+    *,
+    role: str = "user",
+    header: str = "",
+    numbered: bool = False,
+) -> list[Message]:
+    """A long text as several messages of about ``chunk_tokens`` tokens each.
+
+    ``header`` (e.g. a session date) is repeated on every piece, so a strategy that keeps
+    only some pieces still knows where each came from; ``numbered`` adds "(part i/n)".
+    Whitespace-only pieces are dropped.
+    """
+    pieces = [p for p in chunk_text(text, chunk_tokens) if p.strip()]
+    messages: list[Message] = []
+    for index, piece in enumerate(pieces, start=1):
+        label = header
+        if numbered and len(pieces) > 1:
+            label = f"{header} (part {index}/{len(pieces)})" if header else f"(part {index})"
+        content = f"{label}\n{piece}" if label else piece
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def join_nonempty(parts: Iterable[str], sep: str = "\n") -> str:
+    return sep.join(p for p in parts if p)

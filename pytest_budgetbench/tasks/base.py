@@ -1,0 +1,84 @@
+"""What a task is: official files in, items out; predictions in, grades out.
+
+A task never knows about strategies or budgets. It loads items (each a chat history
+ending in the user's question), extracts and grades answers with a versioned grader,
+and names each item's category for splits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pytest_budgetbench.messages import Message
+
+
+@dataclass(frozen=True)
+class Item:
+    """One question with its history. ``messages`` ends with the user's question."""
+
+    item_id: str
+    messages: tuple[Message, ...]
+    answer: Any
+    category: str
+    meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """A graded prediction. ``quality`` is in [0, 1]; ``extracted`` is what was matched."""
+
+    quality: float
+    extracted: str
+    grader: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """What the user configured that a task may use."""
+
+    seed: int = 0
+    items: int | None = None
+    data_path: Path | None = None
+    chunk_tokens: int = 512
+    judge: Any = None
+    """A ChatModel for LLM-judged tasks (``--budgetbench-judge-endpoint``), or None."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A benchmark: items in their official format, and their grader."""
+
+    name: ClassVar[str] = ""
+    grader_version: ClassVar[str] = ""
+    """Recorded in every row, e.g. ``memory-contains/1``: bump it when grading changes."""
+    needs_data: ClassVar[bool] = False
+    """True when the task reads an official file (``--budgetbench-data-<task>=PATH``)."""
+
+    def __init__(self, options: TaskOptions) -> None:
+        self.options = options
+
+    @abstractmethod
+    def load(self) -> list[Item]:
+        """All items, in a deterministic order; the runner takes the first N."""
+
+    @abstractmethod
+    def grade(self, item: Item, prediction: str) -> Grade:
+        """Grade the model's raw reply. An empty or missing answer is always wrong."""
+
+    def export(
+        self, item: Item, prediction: str, cell_id: str
+    ) -> tuple[str, dict[str, Any]] | None:
+        """An upstream-format record of this prediction, as (file name, record), or None.
+
+        The runner appends the record to ``<run_dir>/exports/<file name>``; e.g. LongMemEval
+        hypotheses or SWE-bench predictions in the format their official harness reads.
+        """
+        return None
+
+    def skip_reason(self, endpoint_info: dict[str, Any]) -> str | None:
+        """Why this task cannot run on this endpoint (e.g. it needs vision), or None."""
+        return None

@@ -1,0 +1,180 @@
+"""``locomo``: LoCoMo very-long-term conversation QA (Maharana et al., ACL 2024).
+
+Reads the official ``locomo10.json`` (a JSON list of samples ``{sample_id, conversation,
+qa, ...}``) given by ``--budgetbench-data-locomo``. One item per QA pair, in file order.
+
+History: every session in order. Each becomes one or more user messages (about
+``chunk_tokens`` tokens each) that start with the session number and its
+``conversation.session_N_date_time``; turns are written as upstream does,
+``Speaker said, "text"``, with ``and shared <blip_caption>`` for shared photos. The
+final user message is upstream's short-answer QA prompt; temporal questions ask for an
+approximate date from the session dates, and adversarial questions offer upstream's two
+options ("Not mentioned in the conversation" and the adversarial answer) in a seeded order.
+
+Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
+(3), ``single-hop`` (4), ``adversarial`` (5).
+
+Grader ``locomo-official-f1/1``: upstream's rules on the reply's first non-empty line
+(markdown and an "Answer:" label removed): token F1 after normalisation (lower-case, no
+punctuation, no a/an/the/and) with Porter stems; category 1 splits prediction and gold
+on commas and averages, over gold parts, the best F1; category 3 scores against the gold
+before the first ``;``; category 5 scores 1 iff the answer says "no information
+available" or "not mentioned". An empty reply scores 0.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
+from pytest_budgetbench.tasks._text import document_messages, short_answer, stemmed_tokens, token_f1
+from pytest_budgetbench.tasks.base import Grade, Item, Task
+
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
+                  5: "adversarial"}
+NOT_MENTIONED = "Not mentioned in the conversation"
+ADVERSARIAL_MARKERS = ("no information available", "not mentioned")
+
+SYSTEM_TEMPLATE = (
+    "Below is a conversation between two people: {a} and {b}. The conversation takes place "
+    "over multiple days and the date of each conversation is written at the beginning of "
+    "the conversation."
+)
+QA_TEMPLATE = (
+    "Based on the above context, write an answer in the form of a short phrase for the "
+    "following question. Answer with exact words from the context whenever possible.\n\n"
+    "Question: {question} Short answer:"
+)
+TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
+
+_SESSION_KEY = re.compile(r"session_(\d+)")
+
+
+# -- scoring (upstream task_eval/evaluation.py, re-implemented) ------------------------------
+def f1_score(prediction: str, gold: str) -> float:
+    return token_f1(stemmed_tokens(prediction), stemmed_tokens(gold))[0]
+
+
+def f1_multi(prediction: str, gold: str) -> float:
+    """Category 1: the mean over comma-separated gold parts of the best part F1."""
+    predictions = [p.strip() for p in prediction.split(",")]
+    golds = [g.strip() for g in gold.split(",")]
+    return sum(max(f1_score(p, g) for p in predictions) for g in golds) / len(golds)
+
+
+def score(category: int, prediction: str, gold: str) -> float:
+    if not prediction.strip():
+        return 0.0
+    if category == 5:
+        lowered = prediction.lower()
+        return float(any(marker in lowered for marker in ADVERSARIAL_MARKERS))
+    if category == 1:
+        return f1_multi(prediction, gold)
+    if category == 3:
+        gold = gold.split(";")[0].strip()
+    return f1_score(prediction, gold)
+
+
+class LoCoMoTask(Task):
+    name = "locomo"
+    grader_version = "locomo-official-f1/1"
+    needs_data = True
+
+    def load(self) -> list[Item]:
+        path = resolve_file(self.name, self.options.data_path, ("locomo10.json",))
+        samples = records(self.name, path, read_json(self.name, path, "locomo10.json"),
+                          "locomo10.json")
+        items: list[Item] = []
+        for index, sample in enumerate(samples):
+            require(self.name, path, sample, index, ("sample_id", "conversation", "qa"),
+                    key="sample_id")
+            history = self._history(path, sample)
+            for q_index, qa in enumerate(sample["qa"]):
+                items.append(self._item(path, sample, history, q_index, qa))
+        return items
+
+    def _history(self, path: Path, sample: dict[str, Any]) -> tuple[Message, ...]:
+        conversation = sample["conversation"]
+        sample_id = sample["sample_id"]
+        if not isinstance(conversation, dict):
+            raise malformed(self.name, path, f"sample {sample_id!r} has no conversation object")
+        system = SYSTEM_TEMPLATE.format(a=conversation.get("speaker_a", "A"),
+                                        b=conversation.get("speaker_b", "B"))
+        messages: list[Message] = [{"role": "system", "content": system}]
+        for number in _session_numbers(conversation):
+            date = conversation.get(f"session_{number}_date_time")
+            if not date:
+                raise malformed(self.name, path, f"sample {sample_id!r} lacks "
+                                f"conversation.session_{number}_date_time")
+            text = _session_text(conversation[f"session_{number}"])
+            messages += document_messages(text, self.options.chunk_tokens, numbered=True,
+                                          header=f"DATE: {date} (session {number})")
+        if len(messages) == 1:
+            raise malformed(self.name, path, f"sample {sample_id!r} has no session_N turns")
+        return tuple(messages)
+
+    def _item(
+        self,
+        path: Path,
+        sample: dict[str, Any],
+        history: tuple[Message, ...],
+        q_index: int,
+        qa: Any,
+    ) -> Item:
+        sample_id = str(sample["sample_id"])
+        label = f"{sample_id}/qa {q_index}"
+        if not isinstance(qa, dict) or "question" not in qa or qa.get("category") not in (
+            CATEGORY_NAMES
+        ):
+            raise malformed(self.name, path, f"{label} needs a question and category 1-5")
+        category = int(qa["category"])
+        if category != 5 and "answer" not in qa:
+            raise malformed(self.name, path, f"{label} (category {category}) lacks answer")
+        item_id = f"{sample_id}/{q_index}"
+        question = str(qa["question"])
+        meta: dict[str, Any] = {"sample_id": sample_id, "qa_category": category,
+                                "evidence": qa.get("evidence", [])}
+        if category == 2:
+            question += TEMPORAL_HINT
+        if category == 5:
+            adversarial = str(qa.get("adversarial_answer", qa.get("answer", "")))
+            options = [NOT_MENTIONED, adversarial]
+            random.Random(f"locomo/{self.options.seed}/{item_id}").shuffle(options)
+            question += f" Select the correct answer: (a) {options[0]} (b) {options[1]}."
+            meta["adversarial_answer"] = adversarial
+            answer = NOT_MENTIONED
+        else:
+            answer = str(qa["answer"])
+        final: Message = {"role": "user", "content": QA_TEMPLATE.format(question=question)}
+        return Item(item_id=item_id, messages=(*history, final), answer=answer,
+                    category=CATEGORY_NAMES[category], meta=meta)
+
+    def grade(self, item: Item, prediction: str) -> Grade:
+        extracted = short_answer(prediction)
+        quality = score(int(item.meta["qa_category"]), extracted, str(item.answer))
+        return Grade(quality=quality, extracted=extracted, grader=self.grader_version)
+
+
+def _session_numbers(conversation: dict[str, Any]) -> list[int]:
+    numbers = []
+    for key, value in conversation.items():
+        match = _SESSION_KEY.fullmatch(key)
+        if match and isinstance(value, list):
+            numbers.append(int(match.group(1)))
+    return sorted(numbers)
+
+
+def _session_text(turns: list[Any]) -> str:
+    lines = []
+    for turn in turns:
+        if not isinstance(turn, dict):
+            continue
+        line = f'{turn.get("speaker", "?")} said, "{turn.get("text", "")}"'
+        if turn.get("blip_caption"):
+            line += f" and shared {turn['blip_caption']}."
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""A fake OpenAI-compatible chat server on loopback, for tests.
+
+It answers memory-task questions by reading the prompt the way a perfect reader would
+("What is my dog called?" -> the name stated in the prompt, else "unknown"), so a
+strategy that drops the evidence scores lower, and it reports ``usage.prompt_tokens``
+with the approximate counter, so tests can check the runner's count against it.
+
+Faults are scripted per request: ``server.faults = ["500", "429", "timeout", "malformed",
+"none", "drop"]`` makes the next requests fail in that order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pytest_budgetbench.budget import ApproxCounter
+from pytest_budgetbench.messages import text_of
+
+Responder = Callable[[list[dict[str, Any]]], str]
+
+
+def reading_responder(messages: list[dict[str, Any]]) -> str:
+    question = text_of(messages[-1])
+    history = " ".join(text_of(m) for m in messages[:-1])
+    asked = re.search(r"What is my (\w+) called", question)
+    if asked:
+        found = re.findall(rf"my {asked.group(1)} is called (\w+)", history)
+        return found[-1] if found else "unknown"
+    if "Which city do I live in" in question:
+        found = re.findall(r"now I live in (\w+)", history) or re.findall(r"I live in (\w+)", history)
+        return found[-1] if found else "unknown"
+    return "unknown"
+
+
+class FakeOpenAI:
+    def __init__(self, responder: Responder = reading_responder, model: str = "fake-model"):
+        self.responder = responder
+        self.model = model
+        self.faults: list[str] = []
+        self.requests: list[dict[str, Any]] = []
+        self.timeout_s = 3.0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> FakeOpenAI:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def next_fault(self) -> str | None:
+        with self._lock:
+            return self.faults.pop(0) if self.faults else None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    body = {"object": "list", "data": [{"id": fake.model, "object": "model"}]}
+                    self._send(200, json.dumps(body).encode())
+                else:
+                    self._send(404, b'{"error": "not found"}')
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, b'{"error": "not found"}')
+                    return
+                fake.requests.append(payload)
+                fault = fake.next_fault()
+                if fault == "500":
+                    self._send(500, b'{"error": {"message": "injected"}}')
+                elif fault == "429":
+                    self._send(429, b'{"error": {"message": "slow down"}}', {"Retry-After": "0"})
+                elif fault == "timeout":
+                    time.sleep(fake.timeout_s)
+                    self._send(200, self._completion(payload))
+                elif fault == "malformed":
+                    self._send(200, b'{"choices": [ {"mess')
+                elif fault == "none":
+                    self._send(200, json.dumps({"id": "x", "object": "chat.completion",
+                                                "created": 0, "model": fake.model,
+                                                "choices": []}).encode())
+                elif fault == "drop":
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                else:
+                    self._send(200, self._completion(payload))
+
+            def _completion(self, payload: dict[str, Any]) -> bytes:
+                messages = payload["messages"]
+                text = fake.responder(messages)
+                prompt_tokens = ApproxCounter().count_messages(messages)
+                return json.dumps({
+                    "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
+                    "model": fake.model,
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
+                              "total_tokens": prompt_tokens + 3},
+                }).encode()
+
+        return Handler

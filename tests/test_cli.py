@@ -1,0 +1,120 @@
+"""`budgetbench report`: files written, options, gate exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, build_parser, main
+from pytest_budgetbench.reports.synthetic import make_row, write_run
+
+pytest.importorskip("pandas")
+
+
+def rows(violations: int = 0, quality: float = 1.0, run_id: str = "r") -> list[dict[str, Any]]:
+    out = []
+    for i in range(20):
+        out.append(make_row(item_id=f"i{i}", strategy="full_context", budget=2000,
+                            reference=True, run_id=run_id))
+        out.append(make_row(item_id=f"i{i}", strategy="trunc", budget=500, run_id=run_id,
+                            status="violation" if i < violations else "ok", quality=quality))
+    return out
+
+
+def run(args: list[str]) -> int:
+    return main(["report", "--no-plots", "--resamples", "300", *args])
+
+
+def test_report_writes_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = write_run(tmp_path / "run", rows())
+    assert run([str(run_dir)]) == EXIT_OK
+    for name in ("summary.csv", "paired.csv", "categories.csv", "report.json", "report.html"):
+        assert (run_dir / "report" / name).is_file()
+    assert "40 cells" in capsys.readouterr().out
+
+
+def test_report_merges_shards_and_takes_options(tmp_path: Path) -> None:
+    all_rows = rows()
+    a = write_run(tmp_path / "a", all_rows[:20])
+    b = write_run(tmp_path / "b", all_rows[20:])
+    out = tmp_path / "out"
+    code = run([str(a), str(b), "--out", str(out), "--reference", "full_context@2000",
+                "--seed", "3", "--price-in", "1", "--price-out", "2"])
+    assert code == EXIT_OK
+    document = json.loads((out / "report.json").read_text())
+    assert document["rows"] == 40
+    assert document["settings"]["seed"] == 3
+    assert document["settings"]["prices"] == {"input_per_mtok": 1.0, "output_per_mtok": 2.0}
+    assert all(r["cost_usd_total"] is not None for r in document["summary"])
+
+
+def test_violation_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = write_run(tmp_path / "run", rows(violations=4))
+    assert run([str(run_dir), "--max-violation-rate", "0.25"]) == EXIT_OK
+    assert run([str(run_dir), "--max-violation-rate", "0.1"]) == EXIT_GATE_FAILED
+    assert "gate failed: trunc@500: violation rate 20.0%" in capsys.readouterr().err
+
+
+def test_regression_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_run(tmp_path / "base", rows(quality=1.0))
+    assert run([str(base)]) == EXIT_OK
+    baseline = str(base / "report" / "report.json")
+    same = write_run(tmp_path / "same", rows(quality=1.0))
+    assert run([str(same), "--baseline", baseline]) == EXIT_OK
+    worse = write_run(tmp_path / "worse", rows(quality=0.0))
+    assert run([str(worse), "--baseline", baseline, "--max-regression", "0.5"]) == \
+        EXIT_GATE_FAILED
+    assert "quality fell by 1.000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--price-in", "1"], ["--reference", "full_context@lots"]],
+    ids=["price-pair", "bad-reference"],
+)
+def test_usage_errors(tmp_path: Path, extra: list[str]) -> None:
+    run_dir = write_run(tmp_path / "run", rows())
+    assert run([str(run_dir), *extra]) == EXIT_USAGE
+
+
+def test_missing_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run([str(tmp_path / "nowhere")]) == EXIT_USAGE
+    assert "run directory not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["report"], ["report", "x", "--max-violation-rate", "1.5"],
+     ["report", "x", "--resamples", "0"], ["nonsense"]],
+)
+def test_argparse_rejects(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+
+
+def test_subcommands_are_extensible() -> None:
+    parser = build_parser()
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(actions) == 1
+    assert "report" in actions[0].choices
+
+
+def test_console_script(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", rows(violations=10))
+    script = shutil.which("budgetbench", path=str(Path(sys.executable).parent))
+    command = [script] if script else [sys.executable, "-m", "pytest_budgetbench.cli"]
+    result = subprocess.run(
+        [*command, "report", str(run_dir), "--no-plots", "--resamples", "200",
+         "--max-violation-rate", "0.2"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == EXIT_GATE_FAILED, result.stderr
+    assert "trunc@500" in result.stderr

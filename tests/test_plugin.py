@@ -1,0 +1,308 @@
+"""The plugin end to end through pytester, against the fake endpoint on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_budgetbench.model import free_port
+from tests.fake_openai import FakeOpenAI
+
+
+def sweep_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
+    return [
+        f"--budgetbench-endpoint={fake.base_url}",
+        "--budgetbench-tokenizer=approx",
+        f"--budgetbench-out={tmp / 'out'}",
+        "--budgetbench-report=off",
+        "-p", "no:cacheprovider",
+        *extra,
+    ]
+
+
+def rows_of(tmp: Path) -> list[dict]:
+    (cells,) = (tmp / "out").glob("*/cells.jsonl")
+    return [json.loads(line) for line in cells.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("--budgets=abc", "--budgets must be positive token counts"),
+        ("--budgets=0", "(got '0' in '0')"),
+        ("--budgets=-5", "(got '-5'"),
+        ("--budgets=", "--budgets must be positive"),
+        ("--budgetbench-strategies=nope", "unknown strategy 'nope'"),
+        ("--budgetbench-tasks=nope", "unknown task 'nope'"),
+        ("--budgetbench-audit=loud", "must be one of full|hash|off"),
+        ("--budgetbench-max-violation-rate=2", "between 0 and 1"),
+    ],
+)
+def test_bad_option_is_a_usage_error_naming_the_value(
+    pytester: pytest.Pytester, option: str, expected: str
+) -> None:
+    extra = [] if option.startswith("--budgets") else ["--budgets=512"]
+    result = pytester.runpytest(option, *extra)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}*"])
+
+
+def test_unknown_strategy_error_lists_known_names(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--budgets=512", "--budgetbench-strategies=nope")
+    result.stderr.fnmatch_lines(["*known: *full_context*truncation*module:attr*"])
+
+
+def test_ini_twin_turns_the_sweep_on(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.makeini("[pytest]\nbudgetbench_budgets = 4096\nbudgetbench_items = 2\n")
+    result = pytester.runpytest(*sweep_args(fake_endpoint, tmp_path), "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["budgetbench::cell[memory-0000-full_context-4096]"])
+
+
+def test_without_budgets_the_plugin_adds_nothing_and_imports_nothing_heavy(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_probe="""
+        import sys
+        def test_probe():
+            heavy = {"torch", "transformers", "chromadb", "openai", "pandas", "llama_cpp"}
+            assert not heavy & set(sys.modules), heavy & set(sys.modules)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "budgetbench summary" not in result.stdout.str()
+
+
+def test_cells_have_readable_ids_in_deterministic_order(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    args = sweep_args(fake_endpoint, tmp_path, "--budgets=8192,2048", "--budgetbench-items=2",
+                      "--collect-only", "-q")
+    first = pytester.runpytest(*args).stdout.lines
+    second = pytester.runpytest(*args).stdout.lines
+    cells = [line for line in first if line.startswith("budgetbench::")]
+    assert cells == [line for line in second if line.startswith("budgetbench::")]
+    assert cells[:4] == [
+        "budgetbench::cell[memory-0000-full_context-2048]",
+        "budgetbench::cell[memory-0000-truncation-2048]",
+        "budgetbench::cell[memory-0000-full_context-8192]",
+        "budgetbench::cell[memory-0000-truncation-8192]",
+    ]
+    assert len(cells) == 8
+
+
+def test_keyword_selects_cells(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    args = sweep_args(fake_endpoint, tmp_path, "--budgets=2048,8192", "--budgetbench-items=3",
+                      "--collect-only", "-q", "-k", "truncation and 2048")
+    cells = [ln for ln in pytester.runpytest(*args).stdout.lines if ln.startswith("budgetbench")]
+    assert cells == [f"budgetbench::cell[memory-000{i}-truncation-2048]" for i in range(3)]
+
+
+def test_sweep_records_one_row_per_cell_and_xfails_reference_over_budget(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=1024,8192", "--budgetbench-items=3")
+    )
+    # full_context@1024 is over budget (xfailed); everything else fits or is truncated.
+    result.assert_outcomes(passed=9, xfailed=3)
+    rows = rows_of(tmp_path)
+    assert len(rows) == 12
+    assert {r["cell_id"] for r in rows} == {
+        f"memory-000{i}-{s}-{b}" for i in range(3) for s in ("full_context", "truncation")
+        for b in (1024, 8192)
+    }
+    violations = [r for r in rows if r["status"] == "violation"]
+    assert {r["strategy"] for r in violations} == {"full_context"}
+    assert all(r["budget"] == 1024 and r["prediction"] is None for r in violations)
+    admitted = [r for r in rows if r["status"] == "ok"]
+    assert all(r["counted_tokens"] == r["server_prompt_tokens"] for r in admitted)
+    assert all(r["tokenizer"] == "approx-chars/4" and r["tokenizer_exact"] is False for r in rows)
+    # Every violation was never sent: the fake saw only the admitted prompts.
+    assert len(fake_endpoint.requests) == len(admitted)
+    result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*1024*", "*run directory:*"])
+
+
+def test_truncation_loses_evidence_that_full_context_keeps(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=512,8192", "--budgetbench-items=10")
+    )
+    rows = [r for r in rows_of(tmp_path) if r["status"] == "ok"]
+
+    def quality(strategy: str, budget: int) -> float:
+        scores = [r["quality"] for r in rows if (r["strategy"], r["budget"]) == (strategy, budget)]
+        return sum(scores) / len(scores)
+
+    assert quality("full_context", 8192) > quality("truncation", 512)
+
+
+def test_violating_strategy_fails_with_the_figures(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        greedy="""
+        from pytest_budgetbench.strategies import Strategy
+
+        class Greedy(Strategy):
+            name = "greedy"
+
+            def apply(self, messages, budget):
+                return list(messages)
+        """
+    )
+    pytester.syspathinsert()
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=512", "--budgetbench-items=1",
+                    "--budgetbench-strategies=greedy:Greedy")
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*BudgetExceeded: cell memory-0000-greedy-512 would send * prompt tokens "
+         "(budget 512, tokenizer approx-chars/4 approx); strategy 'greedy' exceeded by *"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("raise RuntimeError('boom')", "strategy 'broken' failed on cell * RuntimeError: boom"),
+        ("return 'not messages'", "strategy 'broken' must return a list of chat messages*"),
+    ],
+)
+def test_broken_strategy_errors_and_names_itself(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path, body: str,
+    expected: str,
+) -> None:
+    pytester.makepyfile(
+        broken=f"""
+        from pytest_budgetbench.strategies import Strategy
+
+        class Broken(Strategy):
+            name = "broken"
+
+            def apply(self, messages, budget):
+                {body}
+        """
+    )
+    pytester.syspathinsert()
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=512", "--budgetbench-items=1",
+                    "--budgetbench-strategies=broken:Broken")
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{expected}*"])
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "error" and row["quality"] is None
+
+
+def test_endpoint_failure_errors_and_is_never_graded(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake_endpoint.faults = ["500"] * 3
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=1",
+                    "--budgetbench-strategies=truncation", "--budgetbench-retries=3")
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*EndpointError: model endpoint * failed after 3 attempt(s)*"])
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "error"
+    assert row["quality"] is None and row["prediction"] is None
+
+
+def test_unreachable_endpoint_is_one_clear_error_before_any_cell(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    result = pytester.runpytest(
+        "--budgets=512", f"--budgetbench-endpoint={dead}",
+        f"--budgetbench-out={tmp_path}", "--budgetbench-tokenizer=approx",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*budgetbench: model endpoint * is not usable*"])
+    assert not list(tmp_path.glob("*/cells.jsonl"))
+
+
+def test_violation_gate_sets_exit_status_and_says_why(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        greedy="""
+        from pytest_budgetbench.strategies import Strategy
+
+        class Greedy(Strategy):
+            name = "greedy"
+
+            def apply(self, messages, budget):
+                return list(messages)
+        """
+    )
+    pytester.syspathinsert()
+    common = sweep_args(fake_endpoint, tmp_path, "--budgets=512,8192", "--budgetbench-items=2",
+                        "--budgetbench-strategies=greedy:Greedy,full_context")
+    # In a subprocess: the gate builds a pandas report, and numpy cannot be re-imported
+    # inside one process, which in-process pytester runs would need.
+    failing = pytester.runpytest_subprocess(*common, "--budgetbench-max-violation-rate=0.25")
+    assert failing.ret == pytest.ExitCode.TESTS_FAILED
+    failing.stdout.fnmatch_lines(
+        ["*budgetbench gate failed: greedy@512: violation rate 100.0% (2/2 prompts) exceeds "
+         "the maximum 25.0% by 75.0 percentage points*"]
+    )
+    # Violations are judged in aggregate by the gate, so the cells themselves xfail.
+    failing.assert_outcomes(passed=4, xfailed=4)
+    passing = pytester.runpytest_subprocess(*common, "--budgetbench-max-violation-rate=1")
+    assert passing.ret == pytest.ExitCode.OK
+
+
+def test_budget_cell_fixture_parametrizes_user_tests(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_mine="""
+        def test_admitted_cells_answer(budget_cell):
+            if budget_cell.status == "ok":
+                assert budget_cell.prediction
+                assert budget_cell.row["counted_tokens"] <= budget_cell.cell.budget
+        """
+    )
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=2", "-v")
+    )
+    assert "test_admitted_cells_answer[memory-0000-truncation-8192] PASSED" in result.stdout.str()
+    result.assert_outcomes(passed=8)
+    # The user's test and the generated cell share one run of each cell: one row each.
+    assert len(rows_of(tmp_path)) == 4
+
+
+def test_every_row_arrives_exactly_once_under_xdist(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest_subprocess(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=512,1024,8192", "--budgetbench-items=4",
+                    "-n", "2")
+    )
+    result.assert_outcomes(passed=16, xfailed=8)
+    ids = [r["cell_id"] for r in rows_of(tmp_path)]
+    assert len(ids) == 24 and len(set(ids)) == 24
+    result.stdout.fnmatch_lines(["*budgetbench summary*"])
+
+
+def test_plugin_import_is_cheap() -> None:
+    code = (
+        "import sys, pytest_budgetbench.plugin; "
+        "print(sorted({'torch','transformers','chromadb','openai','pandas','llama_cpp'}"
+        " & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,130 @@
+"""violation_gate and regression_gate on constructed runs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.reports import build_report, regression_gate, violation_gate
+from pytest_budgetbench.reports.synthetic import make_row, write_run
+
+pytest.importorskip("pandas")
+
+
+def report_of(tmp_path: Path, name: str, rows: list[dict[str, Any]]) -> Any:
+    run = write_run(tmp_path / name / "run", rows)
+    return build_report([run], tmp_path / name / "out", plots=False, resamples=2000)
+
+
+def run_rows(
+    *,
+    trunc_violations: int = 0,
+    ref_violations: int = 0,
+    quality: Any = lambda i: float(i % 3 != 0),
+    n: int = 40,
+    tasks: tuple[str, ...] = ("memory",),
+) -> list[dict[str, Any]]:
+    rows = []
+    for task in tasks:
+        for i in range(n):
+            rows.append(make_row(task, f"i{i}", "full_context", 500, reference=True,
+                                 status="violation" if i < ref_violations else "ok",
+                                 quality=1.0))
+            rows.append(make_row(task, f"i{i}", "trunc", 500,
+                                 status="violation" if i < trunc_violations else "ok",
+                                 quality=quality(i)))
+    return rows
+
+
+# -- violation gate -------------------------------------------------------------------------
+def test_violation_gate_passes_under_the_limit(tmp_path: Path) -> None:
+    report = report_of(tmp_path, "r", run_rows(trunc_violations=2))
+    assert violation_gate(report, 0.05) == []  # 2/40 = 5% is not above 5%
+
+
+def test_violation_gate_fails_and_names_the_cell(tmp_path: Path) -> None:
+    report = report_of(tmp_path, "r", run_rows(trunc_violations=8))
+    reasons = violation_gate(report, 0.05)
+    assert len(reasons) == 1
+    assert reasons[0].startswith("trunc@500: violation rate 20.0% (8/40 prompts)")
+    assert "5.0%" in reasons[0] and "15.0 percentage points" in reasons[0]
+
+
+def test_violation_gate_ignores_reference_strategies(tmp_path: Path) -> None:
+    report = report_of(tmp_path, "r", run_rows(ref_violations=40))
+    assert violation_gate(report, 0.0) == []
+
+
+def test_violation_gate_pools_tasks(tmp_path: Path) -> None:
+    rows = run_rows(trunc_violations=4, n=20, tasks=("a",)) + run_rows(n=20, tasks=("b",))
+    report = report_of(tmp_path, "r", rows)
+    # 20% in task a, 0% in b: 4/40 = 10% pooled.
+    assert violation_gate(report, 0.10) == []
+    assert "10.0% (4/40 prompts)" in violation_gate(report, 0.05)[0]
+
+
+# -- regression gate ------------------------------------------------------------------------
+def test_identical_runs_pass(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows())
+    current = report_of(tmp_path, "now", run_rows())
+    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+
+
+def test_significant_drop_fails(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
+    current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
+    reasons = regression_gate(current, baseline.paths["json"], 0.1)
+    assert len(reasons) == 1
+    assert reasons[0].startswith("memory: trunc@500: quality fell by 0.500 over 40 paired items")
+
+
+def test_drop_within_the_tolerance_passes(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
+    current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
+    assert regression_gate(current, baseline.paths["json"], 0.6) == []
+
+
+def test_noisy_drop_whose_interval_spans_zero_passes(tmp_path: Path) -> None:
+    noise = random.Random(4)
+    before = [float(noise.random() < 0.5) for _ in range(40)]
+    after = list(before)
+    after[0], after[1] = 1.0 - after[0], 0.0  # a change or two: not significant
+    baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: before[i]))
+    current = report_of(tmp_path, "now", run_rows(quality=lambda i: after[i]))
+    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+
+
+def test_items_are_paired_by_id(tmp_path: Path) -> None:
+    # The same qualities in another row order must not look like a change.
+    rows = run_rows(quality=lambda i: float(i < 20))
+    baseline = report_of(tmp_path, "base", rows)
+    current = report_of(tmp_path, "now", list(reversed(rows)))
+    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+
+
+def test_violation_rate_rise_fails(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(trunc_violations=1))
+    current = report_of(tmp_path, "now", run_rows(trunc_violations=3))
+    reasons = regression_gate(current, baseline.paths["json"], 1.0)
+    assert len(reasons) == 1
+    assert "violation rate rose from 2.5% (1/40) to 7.5% (3/40)" in reasons[0]
+    # ...and a fall is fine.
+    assert regression_gate(baseline, current.paths["json"], 1.0) == []
+
+
+def test_reference_violation_rise_is_exempt(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows())
+    current = report_of(tmp_path, "now", run_rows(ref_violations=5))
+    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+
+
+def test_unreadable_baseline_fails_closed(tmp_path: Path) -> None:
+    current = report_of(tmp_path, "now", run_rows())
+    missing = regression_gate(current, tmp_path / "missing.json", 0.0)
+    assert len(missing) == 1 and "unusable baseline" in missing[0]
+    other = tmp_path / "other.json"
+    other.write_text('{"schema": "something-else"}')
+    assert "not a budgetbench report.json" in regression_gate(current, other, 0.0)[0]

@@ -1,0 +1,84 @@
+"""checkpoint_context: conformance, the three shares, never over budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
+from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.strategies.base import Regime, StrategyContext
+from pytest_budgetbench.strategies.checkpoint_context import (
+    CHECKPOINT_HEADER,
+    CHECKPOINT_SHARE,
+    EVIDENCE_SHARE,
+    TAIL_SHARE,
+    CheckpointContext,
+)
+from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+
+
+@pytest.fixture(scope="module")
+def gguf() -> GGUFCounter:
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.model import embedded_gguf_path
+
+    try:
+        return GGUFCounter(embedded_gguf_path())
+    except EmbeddedServerError as exc:
+        pytest.skip(str(exc))
+
+
+def test_declares_name_regimes_and_shares() -> None:
+    assert CheckpointContext.name == "checkpoint_context"
+    assert CheckpointContext.regimes == {Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM}
+    assert abs(CHECKPOINT_SHARE + TAIL_SHARE + EVIDENCE_SHARE - 1.0) < 1e-9
+
+
+def test_conforms() -> None:
+    check_strategy(CheckpointContext)
+
+
+def test_conforms_with_the_exact_counter(gguf: GGUFCounter) -> None:
+    check_strategy(CheckpointContext, tokens=gguf, max_examples=12)
+
+
+def _messages() -> list[Message]:
+    messages: list[Message] = [{"role": "system", "content": "Answer briefly."}]
+    for day in range(1, 41):
+        opener = f"[May {day}, 2024] Could you give me ideas for a rainy weekend?"
+        if day == 7:
+            opener = f"[May {day}, 2024] Today I adopted a tortoise named Sheldon."
+        messages.append({"role": "user", "content": opener})
+        messages.append({"role": "assistant", "content": "Sure. Read a book. Bake bread."})
+    messages.append({"role": "user", "content": "What is my tortoise called?"})
+    return messages
+
+
+def _apply(budget: int) -> tuple[list[Message], ApproxCounter]:
+    tokens = ApproxCounter()
+    strategy = CheckpointContext()
+    strategy.reset(StrategyContext(tokens=tokens, embedder_factory=HashingEmbedder))
+    return strategy.apply(_messages(), budget), tokens
+
+
+def test_checkpoint_tail_and_evidence() -> None:
+    prompt, tokens = _apply(300)
+    assert tokens.count_messages(prompt) <= 300
+    checkpoint = prompt[1]
+    assert checkpoint["role"] == "system" and checkpoint["content"].startswith(CHECKPOINT_HEADER)
+    # The salient, rare sentence is in the checkpoint, under its session's date.
+    line = "[May 7, 2024]\n- user: Today I adopted a tortoise named Sheldon."
+    assert line in checkpoint["content"]
+    # The recent tail is verbatim, and the prompt still ends with the query.
+    assert prompt[-2] == _messages()[-2] and prompt[-1] == _messages()[-1]
+
+
+def test_checkpoint_stays_within_its_share() -> None:
+    for budget in (120, 200, 400, 800):
+        prompt, tokens = _apply(budget)
+        room = budget - tokens.count_messages([prompt[0], prompt[-1]])
+        checkpoint = [m for m in prompt if m["content"].startswith(CHECKPOINT_HEADER)]
+        if checkpoint:
+            assert tokens.count_message(checkpoint[0]) <= room * CHECKPOINT_SHARE
+        assert tokens.count_messages(prompt) <= budget

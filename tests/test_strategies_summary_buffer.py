@@ -1,0 +1,151 @@
+"""summary_buffer: conformance, budgeted auxiliary calls, map-reduce over long evictions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.strategies.base import Regime, StrategyContext
+from pytest_budgetbench.strategies.summary_buffer import SUMMARY_HEADER, SummaryBuffer
+from pytest_budgetbench.testing import check_strategy
+
+
+@pytest.fixture(scope="module")
+def gguf() -> GGUFCounter:
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.model import embedded_gguf_path
+
+    try:
+        return GGUFCounter(embedded_gguf_path())
+    except EmbeddedServerError as exc:
+        pytest.skip(str(exc))
+
+
+class RecordingAux:
+    """Records every prompt with its exact count; replies with a numbered summary."""
+
+    def __init__(self, tokens: TokenCounter) -> None:
+        self.tokens = tokens
+        self.calls: list[tuple[str, int, int, list[Message]]] = []
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+        counted = self.tokens.count_messages(messages)
+        self.calls.append((purpose, counted, max_tokens, list(messages)))
+        return f"summary {len(self.calls)}: the user likes tea"
+
+
+def _messages(turns: int) -> list[Message]:
+    messages: list[Message] = [{"role": "system", "content": "Answer briefly."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"On day {i} I walked the dog to the park."})
+        messages.append({"role": "assistant", "content": f"Noted, a walk on day {i}. " * 3})
+    messages.append({"role": "user", "content": "What do I like to drink?"})
+    return messages
+
+
+def _run(tokens: TokenCounter, messages: list[Message], budget: int
+         ) -> tuple[list[Message], RecordingAux]:
+    aux = RecordingAux(tokens)
+    strategy = SummaryBuffer()
+    strategy.reset(StrategyContext(tokens=tokens, aux=aux))
+    return strategy.apply(messages, budget), aux
+
+
+def test_declares_name_and_regimes() -> None:
+    assert SummaryBuffer.name == "summary_buffer"
+    assert Regime.AUXILIARY_MODEL in SummaryBuffer.regimes
+    assert Regime.LOCAL_ONLY not in SummaryBuffer.regimes
+
+
+def test_conforms() -> None:
+    check_strategy(SummaryBuffer, max_examples=40)
+
+
+def test_conforms_with_the_exact_counter(gguf: GGUFCounter) -> None:
+    check_strategy(SummaryBuffer, tokens=gguf, max_examples=8)
+
+
+def test_no_call_when_everything_fits() -> None:
+    messages = _messages(3)
+    prompt, aux = _run(ApproxCounter(), messages, 10_000)
+    assert prompt == messages and aux.calls == []
+
+
+def test_one_summary_call_when_the_eviction_fits_one_prompt() -> None:
+    tokens = ApproxCounter()
+    messages = _messages(12)
+    budget = 400
+    evicted_tokens = tokens.count_messages(messages) - budget
+    assert evicted_tokens < budget
+    prompt, aux = _run(tokens, messages, budget)
+    assert [c[0] for c in aux.calls] == ["summary"]
+    summary = SUMMARY_HEADER + "summary 1: the user likes tea"
+    assert prompt[1] == {"role": "system", "content": summary}
+    assert tokens.count_messages(prompt) <= budget
+    # The oldest turns went to the summary prompt, the newest stayed verbatim.
+    assert "On day 0 I walked" in text_of(aux.calls[0][3][-1])
+    assert messages[-2] in prompt
+
+
+@pytest.mark.parametrize("budget", [200, 300, 500])
+def test_long_evictions_are_summarised_in_pieces_within_budget(budget: int) -> None:
+    tokens = ApproxCounter()
+    messages = _messages(60)
+    assert tokens.count_messages(messages) > 4 * budget
+    prompt, aux = _run(tokens, messages, budget)
+    purposes = [c[0] for c in aux.calls]
+    assert purposes.count("summary") >= 3  # map over several pieces ...
+    assert purposes[-1] == "summary-reduce"  # ... then reduce to one
+    assert all(counted <= budget for _p, counted, _m, _msgs in aux.calls)
+    # Every evicted turn was read by some map call.
+    read = "\n".join(text_of(c[3][-1]) for c in aux.calls if c[0] == "summary")
+    assert "On day 0 I walked" in read and "On day 30 I walked" in read
+    assert tokens.count_messages(prompt) <= budget
+    assert prompt[1]["content"].startswith(SUMMARY_HEADER)
+
+
+def test_exact_counter_keeps_every_call_within_budget(gguf: GGUFCounter) -> None:
+    messages = _messages(40)
+    prompt, aux = _run(gguf, messages, 256)
+    assert len(aux.calls) >= 3
+    assert all(counted <= 256 for _p, counted, _m, _msgs in aux.calls)
+    assert gguf.count_messages(prompt) <= 256
+
+
+def test_needs_an_auxiliary_model() -> None:
+    strategy = SummaryBuffer()
+    strategy.reset(StrategyContext(tokens=ApproxCounter()))
+    with pytest.raises(RuntimeError, match="auxiliary model"):
+        strategy.apply(_messages(30), 200)
+
+
+@pytest.mark.integration
+def test_real_model_summaries_are_recorded_and_within_budget(
+    gguf: GGUFCounter, tmp_path: Path
+) -> None:
+    from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, ChatModel, EmbeddedServer
+    from pytest_budgetbench.runner import RecordedAuxModel
+    from pytest_budgetbench.tasks.base import TaskOptions
+    from pytest_budgetbench.tasks.memory import MemoryTask
+
+    # Small on purpose: the model reads ~150 tokens/s and writes slower on two cores.
+    item = MemoryTask(TaskOptions(items=1, extra={"history_tokens": 500})).load()[0]
+    server = EmbeddedServer(n_ctx=1024, threads=2, log_path=tmp_path / "server.log")
+    server.start()
+    try:
+        aux = RecordedAuxModel(ChatModel(server.base_url, EMBEDDED_MODEL_ALIAS), gguf, 256,
+                               "memory-0000-summary_buffer-256")
+        strategy = SummaryBuffer()
+        strategy.reset(StrategyContext(tokens=gguf, aux=aux))
+        prompt = strategy.apply(list(item.messages), 256)
+    finally:
+        server.stop()
+    assert len(aux.calls) >= 2  # the eviction needs more than one call at this budget
+    assert all(call.input_tokens <= 256 for call in aux.calls)
+    assert gguf.count_messages(prompt) <= 256
+    assert prompt[1]["content"].startswith(SUMMARY_HEADER)
