@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,12 @@ class TokenCounter(ABC):
         return {"name": self.name, "exact": self.exact}
 
 
+def framed_estimate(messages: Sequence[Message], count_text: Callable[[str], int]) -> int:
+    """Content tokens plus a guessed template cost (4 per message, 3 per prompt), for
+    counters that have no chat template to render."""
+    return 3 + sum(4 + count_text(text_of(m)) for m in messages) + _image_cost(messages)
+
+
 class ApproxCounter(TokenCounter):
     """Four characters a token, plus four tokens per message: labelled approximate."""
 
@@ -153,7 +159,7 @@ class ApproxCounter(TokenCounter):
         return math.ceil(len(text) / 4)
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
-        return 3 + sum(4 + self._count_text(text_of(m)) for m in messages) + _image_cost(messages)
+        return framed_estimate(messages, self._count_text)
 
 
 class GGUFCounter(TokenCounter):
@@ -196,7 +202,7 @@ class GGUFCounter(TokenCounter):
         return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
 
     def render(self, messages: Sequence[Message]) -> tuple[str, bool]:
-        result = self._formatter(messages=list(messages))
+        result = self._formatter(messages=list(messages))  # type: ignore[arg-type]
         return result.prompt, bool(result.added_special)
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
@@ -224,6 +230,7 @@ class HFCounter(TokenCounter):
 
         path = Path(source)
         try:
+            self._tok: Any
             if path.is_file():
                 self._tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
             else:
@@ -241,10 +248,8 @@ class HFCounter(TokenCounter):
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
         if not self.exact:
-            return 3 + sum(4 + self._count_text(text_of(m)) for m in messages) + _image_cost(
-                messages
-            )
-        ids = self._tok.apply_chat_template(
+            return framed_estimate(messages, self._count_text)
+        ids: Any = self._tok.apply_chat_template(
             [{"role": m["role"], "content": text_of(m)} for m in messages],
             tokenize=True,
             add_generation_prompt=True,

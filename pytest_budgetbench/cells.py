@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -37,7 +37,7 @@ class Cell:
 
 
 def build_cells(
-    items_by_task: dict[str, Sequence[str]],
+    items_by_task: Mapping[str, Sequence[str]],
     strategies: Sequence[str],
     budgets: Sequence[int],
     repeats: int = 1,

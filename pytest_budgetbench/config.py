@@ -160,7 +160,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                _name_list("--budgetbench-strategies"), ("full_context", "truncation")),
     OptionSpec("tasks", "task names or module:attr, comma-separated",
                _name_list("--budgetbench-tasks"), ("memory",)),
-    OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 6),
+    OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 10),
     OptionSpec("seed", "seed for generated tasks and sampling", _int("--budgetbench-seed"), 0),
     OptionSpec("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
                str, None, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
@@ -231,7 +231,7 @@ class Settings:
     budgets: tuple[int, ...] = ()
     strategies: tuple[str, ...] = ("full_context", "truncation")
     tasks: tuple[str, ...] = ("memory",)
-    items: int = 6
+    items: int = 10
     seed: int = 0
     endpoint: str | None = None
     model: str | None = None

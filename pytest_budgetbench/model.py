@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,13 @@ class Completion:
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float
+
+
+def redact_url(url: str) -> str:
+    """An endpoint URL fit for records and messages: no user info, no query string."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]  # keeps the port and IPv6 brackets
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _retry_after(exc: Exception) -> float | None:
@@ -102,7 +110,7 @@ class ChatModel:
             except self._api_error as exc:
                 raise EndpointError(self._describe_failure(exc, attempt)) from exc
             except ValueError as exc:  # undecodable body
-                raise EndpointError(f"malformed reply from {self.base_url}: {exc}") from exc
+                raise EndpointError(self._malformed(str(exc))) from exc
             return self._parse(response, time.perf_counter() - started)
         raise AssertionError("unreachable")
 
@@ -114,17 +122,20 @@ class ChatModel:
 
     def _describe_failure(self, exc: Exception, attempt: int) -> str:
         return (
-            f"model endpoint {self.base_url} failed after {attempt} attempt(s): "
+            f"model endpoint {redact_url(self.base_url)} failed after {attempt} attempt(s): "
             f"{type(exc).__name__}: {exc}"
         )
+
+    def _malformed(self, what: str) -> str:
+        return f"malformed reply from {redact_url(self.base_url)}: {what}"
 
     def _parse(self, response: Any, latency_s: float) -> Completion:
         choices = getattr(response, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
-            raise EndpointError(f"malformed reply from {self.base_url}: no choices/message")
+            raise EndpointError(self._malformed("no choices/message"))
         text = choices[0].message.content
         if not isinstance(text, str):
-            raise EndpointError(f"malformed reply from {self.base_url}: message has no content")
+            raise EndpointError(self._malformed("message has no content"))
         usage = getattr(response, "usage", None)
         return Completion(
             text=text,
@@ -144,9 +155,9 @@ def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) ->
         response = httpx.get(url, headers=headers, timeout=timeout)
         response.raise_for_status()
         return [str(entry["id"]) for entry in response.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # any failure to list models means the endpoint is unusable
         raise EndpointError(
-            f"model endpoint {base_url} is not usable ({type(exc).__name__}: {exc}); "
+            f"model endpoint {redact_url(base_url)} is not usable ({type(exc).__name__}: {exc}); "
             "check --budgetbench-endpoint / BUDGETBENCH_ENDPOINT and that the server is up"
         ) from exc
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from pytest_budgetbench.errors import ConfigError
 
@@ -16,7 +16,10 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, option: str, group: str, base: type[T], builtin: dict[str, str]):
+    def __init__(
+        self, kind: str, option: str, group: str, base: type[Any], builtin: dict[str, str]
+    ) -> None:
+        # ``base`` is an abstract class, which mypy will not accept as ``type[T]``.
         self.kind = kind
         self.option = option
         self.group = group
@@ -50,4 +53,4 @@ class Registry(Generic[T]):
                 f"{self.kind} '{spec}' must be a {self.base.__name__} subclass "
                 f"(got {obj!r} that is a {type(obj).__name__})"
             )
-        return obj
+        return cast(type[T], obj)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,22 +14,13 @@ from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
 from pytest_budgetbench.messages import Message, check_messages
-from pytest_budgetbench.model import ChatModel, Completion
+from pytest_budgetbench.model import ChatModel, Completion, redact_url
 from pytest_budgetbench.records import SCHEMA_VERSION, RunStore
 from pytest_budgetbench.strategies import Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 
 Timer = Callable[[Callable[[], Completion]], Completion]
-
-
-def redact_url(url: str) -> str:
-    """An endpoint URL fit for records: no user info, no query string (keys hide there)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from typing import Any
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.model import redact_url
 from pytest_budgetbench.records import RunStore
-from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, redact_url
+from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner
 
 WORKER_KEY = "budgetbench"
 

@@ -33,7 +33,8 @@ def reading_responder(messages: list[dict[str, Any]]) -> str:
         found = re.findall(rf"my {asked.group(1)} is called (\w+)", history)
         return found[-1] if found else "unknown"
     if "Which city do I live in" in question:
-        found = re.findall(r"now I live in (\w+)", history) or re.findall(r"I live in (\w+)", history)
+        found = re.findall(r"now I live in (\w+)", history)
+        found = found or re.findall(r"I live in (\w+)", history)
         return found[-1] if found else "unknown"
     return "unknown"
 

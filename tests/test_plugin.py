@@ -225,7 +225,7 @@ def test_unreachable_endpoint_is_one_clear_error_before_any_cell(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
-    result = pytester.runpytest(
+    result = pytester.runpytest_subprocess(
         "--budgets=512", f"--budgetbench-endpoint={dead}",
         f"--budgetbench-out={tmp_path}", "--budgetbench-tokenizer=approx",
     )

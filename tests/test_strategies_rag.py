@@ -105,7 +105,7 @@ def test_whole_prompt_is_sent_unchanged_when_it_fits() -> None:
     assert rag.apply(messages, 100_000) == messages
 
 
-EVIDENCE = {"single-session-fact": "By the way, my", "preference": "I much prefer"}
+EVIDENCE = {"single-session-fact": "remember this: my", "preference": "remember this: I prefer"}
 
 
 def test_finds_memory_evidence_with_minilm(gguf: GGUFCounter) -> None:

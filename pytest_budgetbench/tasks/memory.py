@@ -171,7 +171,8 @@ class MemoryTask(Task):
         where = rng.randrange(len(sessions))
         if category == "single-session-fact":
             pet, name = rng.choice(PETS), rng.choice(PET_NAMES)
-            self._say(rng, sessions[where], f"Please remember this: my {pet} is called {name}.",
+            self._say(rng, sessions[where],
+                      f"Please remember this: my {pet} is called {name}.",
                       f"Noted: your {pet} is called {name}.")
             return (name, f"What is my {pet} called? Reply with just the name.",
                     {"evidence_session": where})
@@ -179,8 +180,10 @@ class MemoryTask(Task):
             old, new = rng.sample(CITIES, 2)
             first = rng.randrange(max(1, len(sessions) - 1))
             later = rng.randrange(first + 1, len(sessions)) if first + 1 < len(sessions) else first
-            self._say(rng, sessions[first], f"Please remember this: I live in {old}.", f"Noted: you live in {old}.")
-            self._say(rng, sessions[later], f"Please remember this: I moved from {old} to {new}, so now I live in {new}.",
+            self._say(rng, sessions[first], f"Please remember this: I live in {old}.",
+                      f"Noted: you live in {old}.")
+            self._say(rng, sessions[later],
+                      f"Please remember this: I moved from {old} to {new}, so now I live in {new}.",
                       f"Noted: you now live in {new}.")
             question = "Which city do I live in now? Reply with just the city."
             return ({"answer": new, "old": old}, question,
@@ -188,7 +191,8 @@ class MemoryTask(Task):
         if category == "temporal-reasoning":
             instrument = rng.choice(INSTRUMENTS)
             day = sessions[where]["date"]
-            self._say(rng, sessions[where], f"Please remember this: today I had my very first {instrument} lesson.",
+            self._say(rng, sessions[where],
+                      f"Please remember this: today I had my very first {instrument} lesson.",
                       f"Noted: your first {instrument} lesson was today.")
             return (_date_text(day), f"On what date did I have my first {instrument} lesson? "
                     "Reply with just the date.",

