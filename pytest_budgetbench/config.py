@@ -27,6 +27,11 @@ DATA_TASKS: tuple[str, ...] = (
 """Tasks that read a file or directory given by ``--budgetbench-data-<task>``."""
 
 
+def _is_count(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() rejects."""
+    return text.isascii() and text.isdigit()
+
+
 def _name_list(option: str) -> Callable[[str], tuple[str, ...]]:
     def parse(raw: str) -> tuple[str, ...]:
         names = tuple(part.strip() for part in raw.split(",") if part.strip())
@@ -41,7 +46,7 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
     parts = [part.strip() for part in raw.split(",")]
     budgets: list[int] = []
     for part in parts:
-        if not part.isdigit() or int(part) <= 0:
+        if not _is_count(part) or int(part) <= 0:
             raise ConfigError(
                 f"--budgets must be positive token counts separated by commas, "
                 f"e.g. --budgets=2048,8192 (got {part!r} in {raw!r})"
@@ -52,7 +57,7 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
 
 def _positive_int(option: str) -> Callable[[str], int]:
     def parse(raw: str) -> int:
-        if not str(raw).strip().isdigit() or int(raw) <= 0:
+        if not _is_count(str(raw).strip()) or int(raw) <= 0:
             raise ConfigError(f"{option} must be a positive integer (got {raw!r})")
         return int(raw)
 
@@ -88,7 +93,7 @@ def _non_negative_float(option: str) -> Callable[[str], float]:
             value = float(raw)
         except ValueError:
             value = -1.0
-        if value < 0:
+        if not value >= 0:  # also rejects nan
             raise ConfigError(f"{option} must be a number >= 0 (got {raw!r})")
         return value
 
@@ -105,7 +110,7 @@ def _choice(option: str, choices: tuple[str, ...]) -> Callable[[str], str]:
 
 
 def _chunk_size(raw: str) -> str:
-    if raw == "adaptive" or (raw.isdigit() and int(raw) > 0):
+    if raw == "adaptive" or (_is_count(raw) and int(raw) > 0):
         return raw
     raise ConfigError(
         f"--budgetbench-rag-chunk must be 'adaptive' or a positive token count (got {raw!r})"
@@ -114,7 +119,7 @@ def _chunk_size(raw: str) -> str:
 
 def _reference(raw: str) -> str:
     name, at, budget = raw.partition("@")
-    if not name or (at and not budget.isdigit()):
+    if not name or (at and not _is_count(budget)):
         raise ConfigError(
             f"--budgetbench-reference must be strategy@budget, e.g. full_context@8192 "
             f"(got {raw!r})"
@@ -271,10 +276,17 @@ class Settings:
         return os.environ.get(self.api_key_env) or None
 
     def public(self) -> dict[str, Any]:
-        """Settings as recorded in run.json: never includes a secret."""
+        """Settings as recorded in run.json: never includes a secret (keys can hide in an
+        endpoint's user info or query string)."""
         from dataclasses import asdict
 
-        return asdict(self)
+        from pytest_budgetbench.model import redact_url
+
+        recorded = asdict(self)
+        for key in ("endpoint", "judge_endpoint"):
+            if recorded[key]:
+                recorded[key] = redact_url(recorded[key])
+        return recorded
 
 
 def load_settings(get_option: Callable[[str], Any], get_ini: Callable[[str], Any]) -> Settings:

@@ -114,13 +114,6 @@ def test_evidence_is_in_the_history() -> None:
             assert re.search(rf"\b{re.escape(item.answer)}\b", joined)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="memory.py _plant: when the history has one session, knowledge-update plants "
-    "both statements in it at random positions, so 'I moved from OLD to NEW' can come "
-    "before 'I live in OLD' and the gold answer contradicts the history",
-)
 def test_knowledge_update_states_the_old_city_first_even_in_a_short_history() -> None:
     for seed in range(40):
         for item in make(items=10, seed=seed, history=100).load():

@@ -188,7 +188,7 @@ def test_redact_url_keeps_ipv6_brackets() -> None:
 
 @pytest.mark.parametrize("fault", ["500", "malformed", "none"])
 def test_a_key_in_the_endpoint_url_stays_out_of_errors(fake: FakeOpenAI, fault: str) -> None:
-    url = fake.base_url.replace("http://", f"http://user:{SECRET}@") + f"?api-key={SECRET}"
+    url = fake.base_url.replace("http://", f"http://user:{SECRET}@")
     fake.faults = [fault]
     model = ChatModel(url, fake.model, attempts=1, backoff_s=0)
     with pytest.raises(EndpointError) as info:

@@ -306,3 +306,45 @@ def test_plugin_import_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytester.makepyfile(
+        forgetful="""
+        import os
+        from pytest_budgetbench.messages import split_ends
+        from pytest_budgetbench.strategies import Strategy
+
+        class Forgetful(Strategy):
+            name = "forgetful"
+
+            def apply(self, messages, budget):
+                head, history, query = split_ends(messages)
+                return head + query if os.environ.get("FORGET") else list(messages)
+        """
+    )
+    pytester.syspathinsert()
+
+    def sweep(out: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(
+            f"--budgetbench-endpoint={fake_endpoint.base_url}", "--budgetbench-tokenizer=approx",
+            f"--budgetbench-out={tmp_path / out}", "--budgets=8192", "--budgetbench-items=20",
+            "--budgetbench-strategies=forgetful:Forgetful", "--budgetbench-resamples=2000",
+            *(
+                [f"--budgetbench-baseline={baseline}", "--budgetbench-max-regression=0.1"]
+                if out != "base" else []
+            ),
+        )
+
+    assert sweep("base").ret == pytest.ExitCode.OK
+    (baseline,) = (tmp_path / "base").glob("*/report/report.json")
+
+    assert sweep("same").ret == pytest.ExitCode.OK
+
+    monkeypatch.setenv("FORGET", "1")
+    worse = sweep("worse")
+    assert worse.ret == pytest.ExitCode.TESTS_FAILED
+    worse.stdout.fnmatch_lines(["*budgetbench gate failed: *forgetful*8192*"])

@@ -184,7 +184,8 @@ class MemoryTask(Task):
                       f"Noted: you live in {old}.")
             self._say(rng, sessions[later],
                       f"Please remember this: I moved from {old} to {new}, so now I live in {new}.",
-                      f"Noted: you now live in {new}.")
+                      f"Noted: you now live in {new}.",
+                      last=first == later)  # one session: the update must come second
             question = "Which city do I live in now? Reply with just the city."
             return ({"answer": new, "old": old}, question,
                     {"evidence_session": later, "old_session": first})
@@ -208,9 +209,11 @@ class MemoryTask(Task):
         return "unknown", rng.choice(ABSENT), {"evidence_session": None}
 
     @staticmethod
-    def _say(rng: random.Random, session: dict[str, Any], user: str, reply: str) -> None:
+    def _say(
+        rng: random.Random, session: dict[str, Any], user: str, reply: str, last: bool = False
+    ) -> None:
         turns: list[Message] = session["messages"]
-        at = 2 * rng.randint(0, len(turns) // 2)
+        at = len(turns) if last else 2 * rng.randint(0, len(turns) // 2)
         turns[at:at] = [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
 
     def grade(self, item: Item, prediction: str) -> Grade:
