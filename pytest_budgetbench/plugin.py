@@ -190,13 +190,19 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     if session is None:
         raise pytest.UsageError("the budget_cell fixture needs a sweep: pass --budgets=N,N")
     cell = getattr(request, "param", None) or request.node.stash[CELL_KEY]
-    return session.run_cell(cell, _benchmark_timer(request))
+    timer = _benchmark_timer(request)
+    result = session.run_cell(cell, timer)
+    if timer is not None and result.status == "ok":
+        request.getfixturevalue("benchmark").extra_info.update(
+            quality=result.quality, counted_tokens=result.row["counted_tokens"]
+        )
+    return result
 
 
 def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
-    if not config.pluginmanager.hasplugin("pytest_benchmark") or hasattr(config, "workerinput"):
+    if not config.pluginmanager.hasplugin("benchmark") or hasattr(config, "workerinput"):
         return None
     if getattr(config.option, "benchmark_disable", False) or getattr(
         config.option, "dist", "no"
@@ -206,9 +212,7 @@ def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | N
     def timer(call: Callable[[], Any]) -> Any:
         benchmark = request.getfixturevalue("benchmark")
         completion = benchmark.pedantic(call, rounds=1, iterations=1)
-        benchmark.extra_info.update(
-            prompt_tokens=completion.prompt_tokens, output_tokens=completion.completion_tokens
-        )
+        benchmark.extra_info["output_tokens"] = completion.completion_tokens
         return completion
 
     return timer

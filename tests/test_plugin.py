@@ -348,3 +348,19 @@ def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
     worse = sweep("worse")
     assert worse.ret == pytest.ExitCode.TESTS_FAILED
     worse.stdout.fnmatch_lines(["*budgetbench gate failed: *forgetful*8192*"])
+
+
+def test_pytest_benchmark_times_each_model_call_once_with_quality(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=1",
+                    "--budgetbench-strategies=truncation",
+                    f"--benchmark-json={tmp_path / 'bench.json'}")
+    )
+    result.assert_outcomes(passed=1)
+    (bench,) = json.loads((tmp_path / "bench.json").read_text())["benchmarks"]
+    assert bench["stats"]["rounds"] == 1 and bench["stats"]["iterations"] == 1
+    assert bench["extra_info"]["quality"] in (0.0, 1.0)
+    assert bench["extra_info"]["counted_tokens"] > 0
+    assert len(fake_endpoint.requests) == 1
