@@ -7,6 +7,7 @@ one test per task item x strategy x budget and delegates the work to the run obj
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +203,8 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
 def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
-    if not config.pluginmanager.hasplugin("benchmark") or hasattr(config, "workerinput"):
+    # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
+    if not config.pluginmanager.hasplugin("benchmark") or os.environ.get("PYTEST_XDIST_WORKER"):
         return None
     if getattr(config.option, "benchmark_disable", False) or getattr(
         config.option, "dist", "no"

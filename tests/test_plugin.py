@@ -24,6 +24,22 @@ def sweep_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
     ]
 
 
+def add_greedy_strategy(pytester: pytest.Pytester) -> None:
+    """A user's strategy, importable as greedy:Greedy, that ignores its budget."""
+    pytester.makepyfile(
+        greedy="""
+        from pytest_budgetbench.strategies import Strategy
+
+        class Greedy(Strategy):
+            name = "greedy"
+
+            def apply(self, messages, budget):
+                return list(messages)
+        """
+    )
+    pytester.syspathinsert()
+
+
 def rows_of(tmp: Path) -> list[dict]:
     (cells,) = (tmp / "out").glob("*/cells.jsonl")
     return [json.loads(line) for line in cells.read_text().splitlines()]
@@ -150,18 +166,7 @@ def test_truncation_loses_evidence_that_full_context_keeps(
 def test_violating_strategy_fails_with_the_figures(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
-    pytester.makepyfile(
-        greedy="""
-        from pytest_budgetbench.strategies import Strategy
-
-        class Greedy(Strategy):
-            name = "greedy"
-
-            def apply(self, messages, budget):
-                return list(messages)
-        """
-    )
-    pytester.syspathinsert()
+    add_greedy_strategy(pytester)
     result = pytester.runpytest(
         *sweep_args(fake_endpoint, tmp_path, "--budgets=512", "--budgetbench-items=1",
                     "--budgetbench-strategies=greedy:Greedy")
@@ -237,18 +242,7 @@ def test_unreachable_endpoint_is_one_clear_error_before_any_cell(
 def test_violation_gate_sets_exit_status_and_says_why(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
-    pytester.makepyfile(
-        greedy="""
-        from pytest_budgetbench.strategies import Strategy
-
-        class Greedy(Strategy):
-            name = "greedy"
-
-            def apply(self, messages, budget):
-                return list(messages)
-        """
-    )
-    pytester.syspathinsert()
+    add_greedy_strategy(pytester)
     common = sweep_args(fake_endpoint, tmp_path, "--budgets=512,8192", "--budgetbench-items=2",
                         "--budgetbench-strategies=greedy:Greedy,full_context")
     # In a subprocess: the gate builds a pandas report, and numpy cannot be re-imported
@@ -351,8 +345,11 @@ def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
 
 
 def test_pytest_benchmark_times_each_model_call_once_with_quality(
-    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The inner run is not an xdist worker, even when this test runs in one.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     result = pytester.runpytest(
         *sweep_args(fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=1",
                     "--budgetbench-strategies=truncation",

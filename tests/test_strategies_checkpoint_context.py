@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
-from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.strategies.base import Regime, StrategyContext
+from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.checkpoint_context import (
     CHECKPOINT_HEADER,
     CHECKPOINT_SHARE,
@@ -16,17 +15,12 @@ from pytest_budgetbench.strategies.checkpoint_context import (
     CheckpointContext,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from tests.strategy_helpers import load_gguf, run_strategy
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 def test_declares_name_regimes_and_shares() -> None:
@@ -57,9 +51,9 @@ def _messages() -> list[Message]:
 
 def _apply(budget: int) -> tuple[list[Message], ApproxCounter]:
     tokens = ApproxCounter()
-    strategy = CheckpointContext()
-    strategy.reset(StrategyContext(tokens=tokens, embedder_factory=HashingEmbedder))
-    return strategy.apply(_messages(), budget), tokens
+    prompt = run_strategy(CheckpointContext(), _messages(), budget, tokens,
+                          embedder_factory=HashingEmbedder)
+    return prompt, tokens
 
 
 def test_checkpoint_tail_and_evidence() -> None:

@@ -5,22 +5,16 @@ from __future__ import annotations
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
-from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.strategies.base import Regime, StrategyContext
+from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.compression import Compression
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from tests.strategy_helpers import load_gguf, run_strategy
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 def test_declares_name_and_regimes() -> None:
@@ -55,9 +49,8 @@ def _messages() -> list[Message]:
 def test_output_is_shorter_and_keeps_the_relevant_sentence(budget: int) -> None:
     tokens = ApproxCounter()
     messages = _messages()
-    strategy = Compression()
-    strategy.reset(StrategyContext(tokens=tokens, embedder_factory=HashingEmbedder))
-    prompt = strategy.apply(messages, budget)
+    prompt = run_strategy(Compression(), messages, budget, tokens,
+                          embedder_factory=HashingEmbedder)
     assert tokens.count_messages(prompt) <= budget < tokens.count_messages(messages)
     body = [m for m in prompt[1:-1]]
     assert sum(len(m["content"]) for m in body) < sum(len(m["content"]) for m in messages[1:-1])
@@ -68,9 +61,8 @@ def test_output_is_shorter_and_keeps_the_relevant_sentence(budget: int) -> None:
 
 def test_repeated_sentences_are_kept_once() -> None:
     tokens = ApproxCounter()
-    strategy = Compression()
-    strategy.reset(StrategyContext(tokens=tokens, embedder_factory=HashingEmbedder))
-    prompt = strategy.apply(_messages(), 150)
+    prompt = run_strategy(Compression(), _messages(), 150, tokens,
+                          embedder_factory=HashingEmbedder)
     text = " ".join(m["content"] for m in prompt[1:-1])
     assert text.count("Use what you already have at home.") <= 1
     assert text.count("Sure, here are tips.") <= 1

@@ -9,24 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
-from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strategy
-from pytest_budgetbench.strategies.base import StrategyContext
 from pytest_budgetbench.strategies.full_context import FullContext
 from pytest_budgetbench.strategies.truncation import Truncation
 from pytest_budgetbench.testing import check_strategy, floor_tokens, histories
+from tests.strategy_helpers import load_gguf, run_strategy
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 @pytest.fixture(params=["approx", "gguf"])
@@ -34,12 +28,6 @@ def counter(request: pytest.FixtureRequest) -> TokenCounter:
     if request.param == "approx":
         return ApproxCounter()
     return request.getfixturevalue("gguf")
-
-
-def _apply(strategy: Strategy, messages: list[Message], budget: int,
-           tokens: TokenCounter) -> list[Message]:
-    strategy.reset(StrategyContext(tokens=tokens))
-    return strategy.apply(messages, budget)
 
 
 def _conversation(turns: int) -> list[Message]:
@@ -70,7 +58,7 @@ def test_truncation_keeps_the_newest_history(counter: TokenCounter, keep: int) -
     expected = head + history[-keep:] + query
     budget = counter.count_messages(expected)  # fits exactly these, not one more
     assert counter.count_messages(head + history[-keep - 1:] + query) > budget
-    output = _apply(Truncation(), messages, budget, counter)
+    output = run_strategy(Truncation(), messages, budget, counter)
     assert output == expected
     assert counter.count_messages(output) <= budget
 
@@ -78,26 +66,26 @@ def test_truncation_keeps_the_newest_history(counter: TokenCounter, keep: int) -
 def test_truncation_keeps_everything_when_it_fits(counter: TokenCounter) -> None:
     messages = _conversation(turns=3)
     budget = counter.count_messages(messages)
-    assert _apply(Truncation(), messages, budget, counter) == messages
-    assert _apply(Truncation(), messages, budget - 1, counter) == messages[:1] + messages[2:]
+    assert run_strategy(Truncation(), messages, budget, counter) == messages
+    assert run_strategy(Truncation(), messages, budget - 1, counter) == messages[:1] + messages[2:]
 
 
 def test_truncation_at_the_floor_keeps_only_system_and_query(counter: TokenCounter) -> None:
     messages = _conversation(turns=3)
     budget = floor_tokens(counter, messages)
-    assert _apply(Truncation(), messages, budget, counter) == [messages[0], messages[-1]]
+    assert run_strategy(Truncation(), messages, budget, counter) == [messages[0], messages[-1]]
 
 
 def test_truncation_under_the_floor_still_keeps_system_and_query() -> None:
     messages = _conversation(turns=2)
-    output = _apply(Truncation(), messages, 1, ApproxCounter())
+    output = run_strategy(Truncation(), messages, 1, ApproxCounter())
     assert output == [messages[0], messages[-1]]
 
 
 def test_truncation_returns_copies_and_does_not_mutate() -> None:
     messages = _conversation(turns=2)
     pristine = copy.deepcopy(messages)
-    output = _apply(Truncation(), messages, 10_000, ApproxCounter())
+    output = run_strategy(Truncation(), messages, 10_000, ApproxCounter())
     output[0]["content"] = "changed"
     assert messages == pristine
 
@@ -108,7 +96,7 @@ def test_truncation_returns_copies_and_does_not_mutate() -> None:
 def test_truncation_never_exceeds_a_feasible_budget(messages: list[Message], slack: int) -> None:
     tokens = ApproxCounter()
     budget = floor_tokens(tokens, messages) + slack
-    output = _apply(Truncation(), messages, budget, tokens)
+    output = run_strategy(Truncation(), messages, budget, tokens)
     assert tokens.count_messages(output) <= budget
     assert output[0] == messages[0] and output[-1] == messages[-1]
     # What it keeps of the history is a suffix: the newest messages.
@@ -132,7 +120,7 @@ def test_truncation_declarations() -> None:
 def test_full_context_returns_its_input_unchanged(budget: int) -> None:
     messages = _conversation(turns=4)
     pristine = copy.deepcopy(messages)
-    output = _apply(FullContext(), messages, budget, ApproxCounter())
+    output = run_strategy(FullContext(), messages, budget, ApproxCounter())
     assert output == pristine
     assert messages == pristine
     assert output is not messages

@@ -5,23 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
-from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies._chunking import chunk_for_retrieval
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.lean_retrieval import LeanRetrieval, rank_hybrid
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from tests.strategy_helpers import load_gguf, run_strategy
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 def test_declares_name_and_regimes() -> None:
@@ -72,10 +66,9 @@ def test_only_the_lexical_match_survives_a_tight_budget() -> None:
     tokens = ApproxCounter()
     messages = [{"role": "system", "content": "Be brief."}, *_history(),
                 {"role": "user", "content": "Where is the surfboard kept?"}]
-    strategy = LeanRetrieval()
-    strategy.reset(StrategyContext(tokens=tokens, embedder_factory=HashingEmbedder))
     budget = tokens.count_messages([messages[0], messages[1], messages[-1]])
-    prompt = strategy.apply(messages, budget)
+    prompt = run_strategy(LeanRetrieval(), messages, budget, tokens,
+                          embedder_factory=HashingEmbedder)
     assert prompt == [messages[0], messages[1], messages[-1]]
 
 
@@ -83,7 +76,5 @@ def test_works_without_an_embedder() -> None:
     tokens = ApproxCounter()
     messages = [{"role": "system", "content": "Be brief."}, *_history(),
                 {"role": "user", "content": "Where is the surfboard kept?"}]
-    strategy = LeanRetrieval()
-    strategy.reset(StrategyContext(tokens=tokens))
-    prompt = strategy.apply(messages, 60)
+    prompt = run_strategy(LeanRetrieval(), messages, 60, tokens)
     assert messages[1] in prompt and tokens.count_messages(prompt) <= 60

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
-from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._chunking import (
@@ -21,9 +21,8 @@ from pytest_budgetbench.strategies._chunking import (
 )
 from pytest_budgetbench.strategies._packing import Packer
 from pytest_budgetbench.strategies.base import StrategyContext
-from pytest_budgetbench.tasks.base import TaskOptions
-from pytest_budgetbench.tasks.memory import MemoryTask
 from pytest_budgetbench.testing import HashingEmbedder
+from tests.strategy_helpers import load_gguf, memory_items
 
 PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compression",
                       "summary_buffer")
@@ -31,13 +30,7 @@ PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compressio
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 class WordsAux:
@@ -152,7 +145,7 @@ def _context(tokens: TokenCounter) -> StrategyContext:
 
 @pytest.mark.parametrize("name", PACKING_STRATEGIES)
 def test_utilisation_on_memory_items_with_the_exact_counter(gguf: GGUFCounter, name: str) -> None:
-    items = MemoryTask(TaskOptions(items=5, extra={"history_tokens": 4000})).load()
+    items = memory_items(5, history_tokens=4000)
     strategy = load_strategy(name)
     ratios = []
     for item in items:

@@ -5,27 +5,19 @@ from __future__ import annotations
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
-from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies._chunking import chunk_size
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE, Rag
-from pytest_budgetbench.tasks.base import TaskOptions
-from pytest_budgetbench.tasks.memory import MemoryTask
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy, default_context
+from tests.strategy_helpers import load_gguf, memory_items
 
 pytest.importorskip("chromadb")
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 def _context(tokens: TokenCounter, embedder: object = HashingEmbedder, chunk: str = "adaptive"
@@ -113,7 +105,7 @@ def test_finds_memory_evidence_with_minilm(gguf: GGUFCounter) -> None:
     from pytest_budgetbench.embeddings import make_embedder
 
     embedder = make_embedder("all-MiniLM-L6-v2")
-    items = MemoryTask(TaskOptions(items=4, extra={"history_tokens": 1000})).load()
+    items = memory_items(4, history_tokens=1000)
     for item in items:
         if item.category not in EVIDENCE:
             continue

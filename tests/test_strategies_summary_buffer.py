@@ -8,22 +8,16 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
-from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.strategies.base import Regime, StrategyContext
+from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.summary_buffer import SUMMARY_HEADER, SummaryBuffer
 from pytest_budgetbench.testing import check_strategy
+from tests.strategy_helpers import load_gguf, memory_items, run_strategy
 
 
 @pytest.fixture(scope="module")
 def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
+    return load_gguf()
 
 
 class RecordingAux:
@@ -51,9 +45,7 @@ def _messages(turns: int) -> list[Message]:
 def _run(tokens: TokenCounter, messages: list[Message], budget: int
          ) -> tuple[list[Message], RecordingAux]:
     aux = RecordingAux(tokens)
-    strategy = SummaryBuffer()
-    strategy.reset(StrategyContext(tokens=tokens, aux=aux))
-    return strategy.apply(messages, budget), aux
+    return run_strategy(SummaryBuffer(), messages, budget, tokens, aux=aux), aux
 
 
 def test_declares_name_and_regimes() -> None:
@@ -118,10 +110,8 @@ def test_exact_counter_keeps_every_call_within_budget(gguf: GGUFCounter) -> None
 
 
 def test_needs_an_auxiliary_model() -> None:
-    strategy = SummaryBuffer()
-    strategy.reset(StrategyContext(tokens=ApproxCounter()))
     with pytest.raises(RuntimeError, match="auxiliary model"):
-        strategy.apply(_messages(30), 200)
+        run_strategy(SummaryBuffer(), _messages(30), 200, ApproxCounter())
 
 
 @pytest.mark.integration
@@ -130,19 +120,15 @@ def test_real_model_summaries_are_recorded_and_within_budget(
 ) -> None:
     from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, ChatModel, EmbeddedServer
     from pytest_budgetbench.runner import RecordedAuxModel
-    from pytest_budgetbench.tasks.base import TaskOptions
-    from pytest_budgetbench.tasks.memory import MemoryTask
 
     # Small on purpose: the model reads ~150 tokens/s and writes slower on two cores.
-    item = MemoryTask(TaskOptions(items=1, extra={"history_tokens": 500})).load()[0]
+    item = memory_items(1, history_tokens=500)[0]
     server = EmbeddedServer(n_ctx=1024, threads=2, log_path=tmp_path / "server.log")
     server.start()
     try:
         aux = RecordedAuxModel(ChatModel(server.base_url, EMBEDDED_MODEL_ALIAS), gguf, 256,
                                "memory-0000-summary_buffer-256")
-        strategy = SummaryBuffer()
-        strategy.reset(StrategyContext(tokens=gguf, aux=aux))
-        prompt = strategy.apply(list(item.messages), 256)
+        prompt = run_strategy(SummaryBuffer(), list(item.messages), 256, gguf, aux=aux)
     finally:
         server.stop()
     assert len(aux.calls) >= 2  # the eviction needs more than one call at this budget

@@ -1,7 +1,8 @@
 """Packing ranked pieces of history into what the budget leaves, tightly and safely.
 
 Shared by every strategy that selects pieces (rag, lean_retrieval, checkpoint_context,
-compression, summary_buffer). Given pieces in order of preference, the packer
+compression, summary_buffer), as is their common flow (:class:`HistoryStrategy`). Given
+pieces in order of preference, the packer
 
 1. admits them greedily on cached per-piece counts (a piece that does not fit is skipped,
    so smaller later pieces can still fill the room);
@@ -32,7 +33,7 @@ from pytest_budgetbench.strategies._chunking import (
     chunk_for_retrieval,
     fit_prefix,
 )
-from pytest_budgetbench.strategies.base import Strategy
+from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 
 # Below this many free tokens a cut piece is more noise than evidence.
 MIN_PARTIAL_TOKENS = 8
@@ -253,9 +254,10 @@ def _overlaps(piece: Piece, chosen: Sequence[Piece]) -> bool:
     return any(p.msg == piece.msg and p.start < piece.end and piece.start < p.end for p in chosen)
 
 
-class ChunkRanking(Strategy):
-    """The flow of rag and lean_retrieval: send the prompt unchanged when it fits; else cut
-    the history for retrieval (``options["rag_chunk"]``), rank the units, pack the best."""
+class HistoryStrategy(Strategy):
+    """The common flow of the strategies that choose among the history: send the prompt
+    unchanged when it fits; else split it into system messages, history and query, and keep
+    only those two when they leave no room; else let :meth:`fit` choose."""
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         tokens = self.context.tokens
@@ -265,10 +267,35 @@ class ChunkRanking(Strategy):
         room = history_room(tokens, head, query, budget)
         if room <= 0:
             return [dict(m) for m in head + query]
-        option = self.context.options.get("rag_chunk", "adaptive")
-        chunking = chunk_for_retrieval(tokens, history, option, room)
-        ranked = self.rank(history, chunking, text_of(query[-1]) if query else "")
-        return Packer(tokens, history).pack(head, query, ranked, budget)
+        return self.fit(head, history, query, room, budget)
+
+    @abstractmethod
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
+        """The prompt for a history that does not fit; ``room`` (> 0) is what the budget
+        leaves after ``head`` and ``query``."""
+
+
+def retrieval_chunking(context: StrategyContext, history: Sequence[Message], room: int) -> Chunking:
+    """The history cut for retrieval as ``options["rag_chunk"]`` asks (default adaptive)."""
+    option = context.options.get("rag_chunk", "adaptive")
+    return chunk_for_retrieval(context.tokens, history, option, room)
+
+
+def query_text(query: Sequence[Message]) -> str:
+    """The final user query's text ("" when the prompt has none)."""
+    return text_of(query[-1]) if query else ""
+
+
+class ChunkRanking(HistoryStrategy):
+    """The flow of rag and lean_retrieval: cut the history for retrieval
+    (``options["rag_chunk"]``), rank the units, pack the best."""
+
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
+        ranked = self.rank(history, retrieval_chunking(self.context, history, room),
+                           query_text(query))
+        return Packer(self.context.tokens, history).pack(head, query, ranked, budget)
 
     @abstractmethod
     def rank(self, history: Sequence[Message], chunking: Chunking, query: str) -> list[Piece]:

@@ -22,11 +22,16 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from pytest_budgetbench.messages import Message, split_ends, text_of
-from pytest_budgetbench.strategies._chunking import Piece, chunk_for_retrieval, sentence_history
-from pytest_budgetbench.strategies._packing import Packer, history_room, prompt_fits
+from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.strategies._chunking import Piece, sentence_history
+from pytest_budgetbench.strategies._packing import (
+    HistoryStrategy,
+    Packer,
+    query_text,
+    retrieval_chunking,
+)
 from pytest_budgetbench.strategies._scoring import normalise, salience, terms
-from pytest_budgetbench.strategies.base import Regime, Strategy
+from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.lean_retrieval import rank_hybrid
 
 CHECKPOINT_SHARE = 0.20
@@ -43,28 +48,21 @@ LINE_TOKENS = 4  # "- user: " and the line break, roughly
 _TAG = re.compile(r"\s*\[([^\]\n]{1,40})\]\s*")
 
 
-class CheckpointContext(Strategy):
+class CheckpointContext(HistoryStrategy):
     """Checkpoint of older history + recent tail + query-relevant evidence, by shares."""
 
     name = "checkpoint_context"
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
 
-    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
-        tokens = self.context.tokens
-        if prompt_fits(tokens, messages, budget):
-            return [dict(m) for m in messages]
-        head, history, query = split_ends(messages)
-        room = history_room(tokens, head, query, budget)
-        if room <= 0:
-            return [dict(m) for m in head + query]
-        packer = Packer(tokens, history)
-        option = self.context.options.get("rag_chunk", "adaptive")
-        chunking = chunk_for_retrieval(tokens, history, option, room)
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
+        packer = Packer(self.context.tokens, history)
+        chunking = retrieval_chunking(self.context, history, room)
         tail = self._tail(packer, chunking.units, int(room * TAIL_SHARE))
         older = min((p.msg for p in tail), default=len(history))
         fixed = self._checkpoint(history[:older], int(room * CHECKPOINT_SHARE))
         in_tail = set(tail)
-        ranked = rank_hybrid(self.context, history, chunking, text_of(query[-1]) if query else "")
+        ranked = rank_hybrid(self.context, history, chunking, query_text(query))
         evidence = [p for p in ranked if p not in in_tail]
         return packer.pack(head, query, tail + evidence, budget, fixed)
 

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_budgetbench.errors import require
-from pytest_budgetbench.messages import Message, split_ends, text_of
+from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import Piece, piece_text, sentence_history
-from pytest_budgetbench.strategies._packing import PROSE, Packer, history_room, prompt_fits
+from pytest_budgetbench.strategies._packing import PROSE, HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies._scoring import (
     Weights,
     combine,
@@ -32,7 +32,7 @@ from pytest_budgetbench.strategies._scoring import (
     recency_of,
     terms,
 )
-from pytest_budgetbench.strategies.base import Regime, Strategy
+from pytest_budgetbench.strategies.base import Regime
 
 LAMBDA = 0.7  # relevance against redundancy; 0.7 is the usual MMR setting for summaries
 MAX_UNIT_TOKENS = 40
@@ -42,20 +42,17 @@ WEIGHTS = Weights(dense=0.45, lexical=0.35, recency=0.1, salience=0.1)
 ORDER_HORIZON = 1.25
 
 
-class Compression(Strategy):
+class Compression(HistoryStrategy):
     """Query-focused MMR selection of sentences and phrases from every history message."""
 
     name = "compression"
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
 
-    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
         tokens = self.context.tokens
-        if prompt_fits(tokens, messages, budget):
-            return [dict(m) for m in messages]
-        head, history, query = split_ends(messages)
-        room = history_room(tokens, head, query, budget)
-        units = sentence_history(tokens, history, MAX_UNIT_TOKENS) if room > 0 else []
-        ranked = self.order(history, units, text_of(query[-1]) if query else "", room)
+        units = sentence_history(tokens, history, MAX_UNIT_TOKENS)
+        ranked = self.order(history, units, query_text(query), room)
         return Packer(tokens, history, PROSE).pack(head, query, ranked, budget)
 
     def order(

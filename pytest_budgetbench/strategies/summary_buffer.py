@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_budgetbench.messages import Message, split_ends, text_of
+from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
-from pytest_budgetbench.strategies._packing import Packer, history_room, prompt_fits
-from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime, Strategy
+from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer
+from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime
 
 SUMMARY_SHARE = 0.25
 SUMMARY_MAX_TOKENS = 512
@@ -49,18 +49,15 @@ def summary_message(summary: str) -> Message:
     return {"role": "system", "content": SUMMARY_HEADER + summary}
 
 
-class SummaryBuffer(Strategy):
+class SummaryBuffer(HistoryStrategy):
     """Recent history verbatim plus an auxiliary-model summary of the evicted history."""
 
     name = "summary_buffer"
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.RESET_PER_ITEM})
 
-    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
         tokens = self.context.tokens
-        if prompt_fits(tokens, messages, budget):
-            return [dict(m) for m in messages]
-        head, history, query = split_ends(messages)
-        room = history_room(tokens, head, query, budget)
         newest_first = sorted(
             chunk_history(tokens, history, RECENT_CHUNK_TOKENS), key=lambda p: (-p.msg, -p.start)
         )
