@@ -18,7 +18,7 @@ from pytest_budgetbench.budget import (
     TokenCounter,
     enforce,
 )
-from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
+from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
 from pytest_budgetbench.messages import Message
 
 
@@ -33,17 +33,6 @@ class WordCounter(TokenCounter):
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
         return 1 + sum(2 + self._count_text(str(m["content"])) for m in messages)
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
-
-    try:
-        return GGUFCounter(embedded_gguf_path())
-    except EmbeddedServerError as exc:
-        pytest.skip(str(exc))
 
 
 # -- approx ------------------------------------------------------------------------------

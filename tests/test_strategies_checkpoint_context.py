@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Regime
@@ -15,12 +13,7 @@ from pytest_budgetbench.strategies.checkpoint_context import (
     CheckpointContext,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.strategy_helpers import load_gguf, run_strategy
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
+from tests.strategy_helpers import run_strategy
 
 
 def test_declares_name_regimes_and_shares() -> None:

@@ -9,12 +9,7 @@ from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.compression import Compression
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.strategy_helpers import load_gguf, run_strategy
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
+from tests.strategy_helpers import run_strategy
 
 
 def test_declares_name_and_regimes() -> None:

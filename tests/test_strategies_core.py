@@ -15,12 +15,7 @@ from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strat
 from pytest_budgetbench.strategies.full_context import FullContext
 from pytest_budgetbench.strategies.truncation import Truncation
 from pytest_budgetbench.testing import check_strategy, floor_tokens, histories
-from tests.strategy_helpers import load_gguf, run_strategy
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
+from tests.strategy_helpers import run_strategy
 
 
 @pytest.fixture(params=["approx", "gguf"])

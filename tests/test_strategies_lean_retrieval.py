@@ -10,12 +10,7 @@ from pytest_budgetbench.strategies._chunking import chunk_for_retrieval
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.lean_retrieval import LeanRetrieval, rank_hybrid
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.strategy_helpers import load_gguf, run_strategy
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
+from tests.strategy_helpers import run_strategy
 
 
 def test_declares_name_and_regimes() -> None:

@@ -22,15 +22,10 @@ from pytest_budgetbench.strategies._chunking import (
 from pytest_budgetbench.strategies._packing import Packer
 from pytest_budgetbench.strategies.base import StrategyContext
 from pytest_budgetbench.testing import HashingEmbedder
-from tests.strategy_helpers import load_gguf, memory_items
+from tests.strategy_helpers import memory_items
 
 PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compression",
                       "summary_buffer")
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
 
 
 class WordsAux:

@@ -10,14 +10,9 @@ from pytest_budgetbench.strategies._chunking import chunk_size
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE, Rag
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy, default_context
-from tests.strategy_helpers import load_gguf, memory_items
+from tests.strategy_helpers import memory_items
 
 pytest.importorskip("chromadb")
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
 
 
 def _context(tokens: TokenCounter, embedder: object = HashingEmbedder, chunk: str = "adaptive"

@@ -12,12 +12,7 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.summary_buffer import SUMMARY_HEADER, SummaryBuffer
 from pytest_budgetbench.testing import check_strategy
-from tests.strategy_helpers import load_gguf, memory_items, run_strategy
-
-
-@pytest.fixture(scope="module")
-def gguf() -> GGUFCounter:
-    return load_gguf()
+from tests.strategy_helpers import memory_items, run_strategy
 
 
 class RecordingAux:
