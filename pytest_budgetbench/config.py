@@ -162,7 +162,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("budgets", "token budgets, comma-separated; turns the sweep on", parse_budgets,
                (), metavar="N,N"),
     OptionSpec("strategies", "strategy names or module:attr, comma-separated",
-               _name_list("--budgetbench-strategies"), ("full_context", "truncation")),
+               _name_list("--budgetbench-strategies"), ("full_context", "truncation", "rag")),
     OptionSpec("tasks", "task names or module:attr, comma-separated",
                _name_list("--budgetbench-tasks"), ("memory",)),
     OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 10),
@@ -234,7 +234,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
 @dataclass(frozen=True)
 class Settings:
     budgets: tuple[int, ...] = ()
-    strategies: tuple[str, ...] = ("full_context", "truncation")
+    strategies: tuple[str, ...] = ("full_context", "truncation", "rag")
     tasks: tuple[str, ...] = ("memory",)
     items: int = 10
     seed: int = 0

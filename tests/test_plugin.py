@@ -15,6 +15,7 @@ from tests.fake_openai import FakeOpenAI
 
 def sweep_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
     return [
+        "--budgetbench-strategies=full_context,truncation",  # later options override
         f"--budgetbench-endpoint={fake.base_url}",
         "--budgetbench-tokenizer=approx",
         f"--budgetbench-out={tmp / 'out'}",
