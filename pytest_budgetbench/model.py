@@ -229,11 +229,20 @@ class EmbeddedServer:
                 "or pass --budgetbench-endpoint=URL"
             ) from None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        self._process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-        log.close()
+        try:
+            self._launch(ready_timeout)
+        except EmbeddedServerError:
+            # The free port can be taken between our probe and the server's bind.
+            if "address already in use" not in self._log_tail().lower():
+                raise
+            self.port = free_port()
+            self._launch(ready_timeout)
+
+    def _launch(self, ready_timeout: float) -> None:
+        with self.log_path.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self._wait_ready(ready_timeout)
 
     def _wait_ready(self, timeout: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,19 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
     report = tmp_path / rows[0]["run_id"] / "report" / "report.html"
     assert report.exists()
     result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*512*", "*report: *"])
+
+
+def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:
+    from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer, probe_endpoint
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = EmbeddedServer(n_ctx=512, threads=1, log_path=tmp_path / "server.log")
+        server.port = taken.getsockname()[1]
+        server.start()
+        try:
+            assert server.port != taken.getsockname()[1]
+            assert probe_endpoint(server.base_url, None) == [EMBEDDED_MODEL_ALIAS]
+        finally:
+            server.stop()
