@@ -149,9 +149,18 @@ class OptionSpec:
 
     @property
     def flag(self) -> str:
-        return "--budgets" if self.dest == "budgets" else "--budgetbench-" + self.dest.replace(
-            "_", "-"
-        )
+        if self.dest == "budgets":
+            return "--budgets"
+        if self.dest.startswith("data_"):
+            # Named after the task exactly: --budgetbench-data-longbench_v2.
+            return "--budgetbench-data-" + self.dest[len("data_"):]
+        return "--budgetbench-" + self.dest.replace("_", "-")
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The flag, and its all-dashes spelling where that differs."""
+        dashed = "--budgetbench-" + self.dest.replace("_", "-")
+        return (self.flag,) if self.flag in (dashed, "--budgets") else (self.flag, dashed)
 
     @property
     def ini(self) -> str:

@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default = f" (default: {spec.default})" if spec.default not in (None, ()) else ""
         env = f" [env {spec.env}]" if spec.env else ""
         group.addoption(
-            spec.flag,
+            *spec.flags,
             dest=f"budgetbench_{spec.dest}",
             default=None,
             metavar=spec.metavar or spec.dest.upper(),

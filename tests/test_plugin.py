@@ -362,3 +362,19 @@ def test_pytest_benchmark_times_each_model_call_once_with_quality(
     assert bench["extra_info"]["quality"] in (0.0, 1.0)
     assert bench["extra_info"]["counted_tokens"] > 0
     assert len(fake_endpoint.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "flag", ["--budgetbench-data-longbench_v2", "--budgetbench-data-longbench-v2"]
+)
+def test_missing_dataset_is_one_clear_line_naming_task_and_file(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path, flag: str
+) -> None:
+    missing = tmp_path / "nowhere" / "data.json"
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=2048", "--budgetbench-tasks=longbench_v2",
+                    f"{flag}={missing}")
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    (line,) = [ln for ln in result.stderr.lines if "longbench_v2" in ln]
+    assert str(missing) in line and "--budgetbench-data-longbench_v2=PATH" in line
