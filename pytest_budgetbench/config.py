@@ -180,6 +180,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                str, None, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
     OptionSpec("model", "model id to request from the endpoint", str, None,
                env="BUDGETBENCH_MODEL"),
+    OptionSpec("vision", "the endpoint accepts image content parts: on | off (image tasks are "
+               "skipped when off; the embedded SmolLM2 is text-only)",
+               _choice("--budgetbench-vision", ("on", "off")), "off"),
     OptionSpec("max_tokens", "max output tokens per answer",
                _positive_int("--budgetbench-max-tokens"), 32),
     OptionSpec("temperature", "sampling temperature",
@@ -249,6 +252,7 @@ class Settings:
     seed: int = 0
     endpoint: str | None = None
     model: str | None = None
+    vision: str = "off"
     max_tokens: int = 32
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"

@@ -191,6 +191,9 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     if session is None:
         raise pytest.UsageError("the budget_cell fixture needs a sweep: pass --budgets=N,N")
     cell = getattr(request, "param", None) or request.node.stash[CELL_KEY]
+    reason = session.skip_reason(cell)
+    if reason:
+        pytest.skip(reason)
     timer = _benchmark_timer(request)
     result = session.run_cell(cell, timer)
     if timer is not None and result.status == "ok":

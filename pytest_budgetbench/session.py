@@ -178,6 +178,14 @@ class BudgetBenchSession:
 
         return factory
 
+    def skip_reason(self, cell: Cell) -> str | None:
+        """Why a cell's task cannot run on this endpoint (e.g. it needs vision), or None."""
+        endpoint = {
+            "model": self.endpoint.model if self.endpoint else None,
+            "vision": self.settings.vision == "on",
+        }
+        return self.catalog.task(cell.task).skip_reason(endpoint)
+
     def run_cell(self, cell: Cell, timer: Any = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""
         if cell.cell_id not in self.results:

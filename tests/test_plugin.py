@@ -378,3 +378,30 @@ def test_missing_dataset_is_one_clear_line_naming_task_and_file(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     (line,) = [ln for ln in result.stderr.lines if "longbench_v2" in ln]
     assert str(missing) in line and "--budgetbench-data-longbench_v2=PATH" in line
+
+
+def test_image_task_is_skipped_with_its_reason_on_a_text_only_endpoint(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=2048", "--budgetbench-items=1",
+                    "--budgetbench-tasks=image_probe", "--budgetbench-strategies=truncation",
+                    "-rs")
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*image_probe needs a vision endpoint*"])
+    assert fake_endpoint.requests == []
+
+
+def test_image_task_runs_when_the_endpoint_is_declared_vision_capable(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(
+        *sweep_args(fake_endpoint, tmp_path, "--budgets=2048", "--budgetbench-items=1",
+                    "--budgetbench-tasks=image_probe", "--budgetbench-strategies=truncation",
+                    "--budgetbench-vision=on")
+    )
+    result.assert_outcomes(passed=1)
+    (request,) = fake_endpoint.requests
+    parts = [p for m in request["messages"] if isinstance(m["content"], list) for p in m["content"]]
+    assert any(p.get("type") == "image_url" for p in parts)
