@@ -243,7 +243,11 @@ class EmbeddedServer:
             self._process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        self._wait_ready(ready_timeout)
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()  # never leave an orphaned server behind
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         import httpx
@@ -259,10 +263,9 @@ class EmbeddedServer:
             try:
                 if httpx.get(self.base_url + "/models", timeout=2.0).status_code == 200:
                     return
-            except httpx.HTTPError:
+            except Exception:  # not listening yet; any transport error means the same
                 pass
             time.sleep(0.2)
-        self.stop()
         raise EmbeddedServerError(
             f"the embedded llama.cpp server was not ready after {timeout:.0f}s; "
             f"log: {self.log_path}"
