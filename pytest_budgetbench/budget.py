@@ -310,13 +310,19 @@ class BudgetCheck:
         return max(0, self.counted - self.budget)
 
 
-def enforce(cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter) -> None:
-    """Raise BudgetExceeded, with the figures, when a prompt does not fit its budget."""
-    if check.fits:
-        return
+def violation_message(
+    cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter
+) -> str:
+    """What went over budget, by how much, and as which tokenizer counted it."""
     kind = "exact" if counter.exact else "approx"
-    raise BudgetExceeded(
+    return (
         f"cell {cell_id} would send {check.counted} prompt tokens "
         f"(budget {check.budget}, tokenizer {counter.name} {kind}); "
         f"strategy '{strategy}' exceeded by {check.excess}"
     )
+
+
+def enforce(cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter) -> None:
+    """Raise BudgetExceeded, with the figures, when a prompt does not fit its budget."""
+    if not check.fits:
+        raise BudgetExceeded(violation_message(cell_id, strategy, check, counter))

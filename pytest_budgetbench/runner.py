@@ -9,7 +9,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_budgetbench.budget import BudgetCheck, TokenCounter, enforce, prompt_sha256
+from pytest_budgetbench.budget import (
+    BudgetCheck,
+    TokenCounter,
+    enforce,
+    prompt_sha256,
+    violation_message,
+)
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
@@ -172,13 +178,8 @@ class Runner:
         self._audit(cell, sha, prompt)
         check = BudgetCheck(counted, cell.budget)
         if not check.fits:
-            row["status"] = "violation"
-            message = ""
-            try:
-                enforce(cell.cell_id, strategy.name, check, self.tokens)
-            except BudgetExceeded as exc:
-                message = str(exc)
-            row["error"] = message
+            message = violation_message(cell.cell_id, strategy.name, check, self.tokens)
+            row.update(status="violation", error=message)
             self.store.write_row(row)
             return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
 
