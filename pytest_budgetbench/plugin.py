@@ -111,7 +111,7 @@ class SweepPlugin:
         self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
         try:
-            cells = self.session.cells()
+            cells = self.session.cells
         except BudgetBenchError as exc:
             raise pytest.UsageError(f"budgetbench: {exc}") from None
         collector = SweepCollector.from_parent(session, name=COLLECTOR_NAME, nodeid=COLLECTOR_NAME)
@@ -121,7 +121,7 @@ class SweepPlugin:
         """A user's test that asks for ``budget_cell`` runs once per cell."""
         if "budget_cell" not in metafunc.fixturenames:
             return
-        cells = self.session.cells()
+        cells = self.session.cells
         metafunc.parametrize(
             "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
         )

@@ -7,6 +7,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.budget import (
@@ -292,8 +293,6 @@ class Runner:
 def make_task(name: str, settings: Settings) -> Task:
     cls = TASKS.resolve(name)
     data = settings.data_paths.get(cls.name or name)
-    from pathlib import Path
-
     judge = None
     if settings.judge_endpoint:
         judge = ChatModel(settings.judge_endpoint, settings.judge_model or "",

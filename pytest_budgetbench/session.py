@@ -8,6 +8,7 @@ lazily on its first cell, so heavy imports happen only when a sweep really runs.
 
 from __future__ import annotations
 
+import functools
 import random
 import secrets
 import time
@@ -122,7 +123,9 @@ class BudgetBenchSession:
             self.server = None
 
     # -- every process -----------------------------------------------------------------
+    @functools.cached_property
     def cells(self) -> list[Cell]:
+        """The sweep's cells; built once, as collection and parametrization both need them."""
         tasks = self.settings.tasks
         items = {task: [i.item_id for i in self.catalog.items(task)] for task in tasks}
         from pytest_budgetbench.strategies import REGISTRY
