@@ -127,6 +127,22 @@ def _reference(raw: str) -> str:
     return raw
 
 
+def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
+    def parse(raw: str) -> dict[str, str]:
+        pairs: dict[str, str] = {}
+        for part in (p.strip() for p in raw.split(",")):
+            key, eq, value = part.partition("=")
+            if not part or not eq or not key.strip() or not value.strip():
+                raise ConfigError(
+                    f"{option} must be KEY=VALUE pairs separated by commas, e.g. "
+                    f"{option}=a=1,b=2 (got {part!r} in {raw!r})"
+                )
+            pairs[key.strip()] = value.strip()
+        return pairs
+
+    return parse
+
+
 def parse_tokenizer(raw: str) -> str:
     if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
         if raw in ("hf:", "gguf:"):
@@ -233,6 +249,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                _non_negative_float("--budgetbench-price-in"), None, metavar="USD"),
     OptionSpec("price_out", "USD per 1M output tokens, for cost columns",
                _non_negative_float("--budgetbench-price-out"), None, metavar="USD"),
+    OptionSpec("strategy_options", "options for strategies, KEY=VALUE,KEY=VALUE (each strategy "
+               "documents the keys it reads)", parse_key_values("--budgetbench-strategy-options"),
+               None, metavar="KEY=VALUE,..."),
+    OptionSpec("aux_models", "named auxiliary models for strategies, NAME=URL or "
+               "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
+               "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
+               metavar="NAME=URL[#MODEL],..."),
     OptionSpec("chunk_tokens", "chunk size in tokens when long contexts become messages",
                _positive_int("--budgetbench-chunk-tokens"), 512, metavar="TOKENS"),
     *(
@@ -278,6 +301,8 @@ class Settings:
     price_in: float | None = None
     price_out: float | None = None
     chunk_tokens: int = 512
+    strategy_options: dict[str, str] | None = None
+    aux_models: dict[str, str] | None = None
     data_paths: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -299,6 +324,10 @@ class Settings:
         for key in ("endpoint", "judge_endpoint"):
             if recorded[key]:
                 recorded[key] = redact_url(recorded[key])
+        if self.aux_models:
+            recorded["aux_models"] = {
+                name: redact_url(target) for name, target in self.aux_models.items()
+            }
         return recorded
 
 

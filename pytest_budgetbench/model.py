@@ -32,6 +32,8 @@ class Completion:
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float
+    """The original call's latency, also when the reply comes from the response cache."""
+    cached: bool = False
 
 
 def redact_url(url: str) -> str:

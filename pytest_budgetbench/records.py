@@ -49,6 +49,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "aux_input_tokens",
     "aux_output_tokens",
     "aux_s",
+    "strategy_info",
     "model",
     "endpoint",
     "server_flags",

@@ -47,28 +47,48 @@ class AuxCall:
     input_tokens: int
     output_tokens: int | None
     latency_s: float
+    model: str = "aux"
+    cached: bool = False
 
 
 class RecordedAuxModel:
     """The model as a strategy sees it: each call's prompt is held to the cell's budget,
-    and each call is recorded on the cell's row."""
+    and each call is recorded on the cell's row.
 
-    def __init__(self, chat: ChatModel, tokens: TokenCounter, budget: int, cell_id: str) -> None:
+    Several named models (``--budgetbench-aux-models``) of one cell share one ``calls``
+    list, so the row lists every auxiliary call in order.
+    """
+
+    def __init__(
+        self,
+        chat: ChatModel,
+        tokens: TokenCounter,
+        budget: int,
+        cell_id: str,
+        *,
+        label: str = "aux",
+        calls: list[AuxCall] | None = None,
+    ) -> None:
         self._chat = chat
         self._tokens = tokens
         self._budget = budget
         self._cell_id = cell_id
-        self.calls: list[AuxCall] = []
+        self.label = label
+        self.calls: list[AuxCall] = [] if calls is None else calls
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
         counted = self._tokens.count_messages(messages)
         check = BudgetCheck(counted, self._budget)
         enforce(f"{self._cell_id} (auxiliary call '{purpose}')", purpose, check, self._tokens)
         completion = self._chat.complete(messages, max_tokens=max_tokens)
-        self.calls.append(
-            AuxCall(purpose, counted, completion.completion_tokens, completion.latency_s)
-        )
+        self.calls.append(AuxCall(purpose, counted, completion.completion_tokens,
+                                  completion.latency_s, self.label, completion.cached))
         return completion.text
+
+    def sibling(self, chat: ChatModel, label: str) -> RecordedAuxModel:
+        """Another model for the same cell, recorded in the same list."""
+        return RecordedAuxModel(chat, self._tokens, self._budget, self._cell_id,
+                                label=label, calls=self.calls)
 
 
 @dataclass
@@ -128,6 +148,7 @@ class Runner:
         tokens: TokenCounter,
         chat: ChatModel,
         embedder_factory: Callable[[], Any] | None = None,
+        aux_chats: dict[str, ChatModel] | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -137,6 +158,7 @@ class Runner:
         self.tokens = tokens
         self.chat = chat
         self.embedder_factory = embedder_factory
+        self.aux_chats = aux_chats or {}
         self._strategies: dict[str, Strategy] = {}
 
     def strategy(self, name: str) -> Strategy:
@@ -149,13 +171,13 @@ class Runner:
         task = self.catalog.task(cell.task)
         item = self.catalog.items(cell.task)[cell.item_index]
         strategy = self.strategy(cell.strategy)
-        aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id)
+        context = self._context(cell, item)
         row = self._base_row(cell, item, strategy)
         try:
-            return self._run(cell, task, item, strategy, aux, row, timer)
+            return self._run(cell, task, item, strategy, context, row, timer)
         except (StrategyError, EndpointError) as exc:
             # The test errors, but the cell still gets its one row.
-            self._record_aux(row, aux)
+            self._record_strategy(row, context)
             row.update(status="error", error=str(exc))
             self.store.write_row(row)
             raise
@@ -166,12 +188,12 @@ class Runner:
         task: Task,
         item: Item,
         strategy: Strategy,
-        aux: RecordedAuxModel,
+        context: StrategyContext,
         row: dict[str, Any],
         timer: Timer | None,
     ) -> CellResult:
-        prompt, row["strategy_s"] = self._apply(strategy, item, cell, aux)
-        self._record_aux(row, aux)
+        prompt, row["strategy_s"] = self._apply(strategy, item, cell, context)
+        self._record_strategy(row, context)
         counted = self.tokens.count_messages(prompt)
         sha = prompt_sha256(prompt)
         row.update(counted_tokens=counted, prompt_sha256=sha,
@@ -205,18 +227,24 @@ class Runner:
             self.store.write_export(*exported)
         return CellResult(cell, item, row, prompt, strategy.reference)
 
-    def _apply(
-        self, strategy: Strategy, item: Item, cell: Cell, aux: RecordedAuxModel
-    ) -> tuple[list[Message], float]:
-        context = StrategyContext(
+    def _context(self, cell: Cell, item: Item) -> StrategyContext:
+        aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id)
+        settings = self.settings
+        return StrategyContext(
             tokens=self.tokens,
             item_id=f"{cell.task}/{item.item_id}",
-            seed=self.settings.seed,
+            seed=settings.seed,
             aux=aux,
+            aux_models={name: aux.sibling(chat, name) for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
-            options={"rag_chunk": self.settings.rag_chunk,
-                     "embedding_model": self.settings.embedding_model},
+            options={"rag_chunk": settings.rag_chunk,
+                     "embedding_model": settings.embedding_model,
+                     **(settings.strategy_options or {})},
         )
+
+    def _apply(
+        self, strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
+    ) -> tuple[list[Message], float]:
         started = time.perf_counter()
         try:
             strategy.reset(context)
@@ -247,11 +275,15 @@ class Runner:
             self.store.write_prompt(cell.cell_id, sha, prompt if mode == "full" else None)
 
     @staticmethod
-    def _record_aux(row: dict[str, Any], aux: RecordedAuxModel) -> None:
-        row["aux_calls"] = [vars(call) for call in aux.calls]
-        row["aux_input_tokens"] = sum(c.input_tokens for c in aux.calls)
-        row["aux_output_tokens"] = sum(c.output_tokens or 0 for c in aux.calls)
-        row["aux_s"] = round(sum(c.latency_s for c in aux.calls), 4)
+    def _record_strategy(row: dict[str, Any], context: StrategyContext) -> None:
+        """The strategy's auxiliary calls (every named model's) and its own notes."""
+        assert isinstance(context.aux, RecordedAuxModel)
+        calls = context.aux.calls
+        row["aux_calls"] = [vars(call) for call in calls]
+        row["aux_input_tokens"] = sum(c.input_tokens for c in calls)
+        row["aux_output_tokens"] = sum(c.output_tokens or 0 for c in calls)
+        row["aux_s"] = round(sum(c.latency_s for c in calls), 4)
+        row["strategy_info"] = context.info or None
 
     def _base_row(self, cell: Cell, item: Item, strategy: Strategy) -> dict[str, Any]:
         return {
@@ -277,6 +309,7 @@ class Runner:
             "strategy_s": None,
             "model_s": None,
             "output_tokens": None,
+            "strategy_info": None,
             "model": self.endpoint.model,
             "endpoint": redact_url(self.endpoint.base_url),
             "server_flags": self.endpoint.server_flags,

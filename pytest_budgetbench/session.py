@@ -37,6 +37,10 @@ class BudgetBenchSession:
         self.endpoint: Endpoint | None = (
             Endpoint(**worker_state["endpoint"]) if worker_state else None
         )
+        self.aux_endpoints: dict[str, Endpoint] = {
+            name: Endpoint(**fields)
+            for name, fields in (worker_state or {}).get("aux_endpoints", {}).items()
+        }
         self.store = RunStore(Path(settings.out) / self.run_id)
         self.catalog = Catalog(settings)
         self.server: Any = None
@@ -62,11 +66,30 @@ class BudgetBenchSession:
             self.endpoint = Endpoint(base_url=settings.endpoint, model=model)
         else:
             self.endpoint = self._start_embedded()
+        self.aux_endpoints = {
+            name: self._resolve_aux(name, target)
+            for name, target in (settings.aux_models or {}).items()
+        }
         self.store.write_run_info(
             {"run_id": self.run_id, "settings": settings.public(),
              "endpoint": redact_url(self.endpoint.base_url), "model": self.endpoint.model,
              "server_flags": self.endpoint.server_flags, "started": time.time()}
         )
+
+    def _resolve_aux(self, name: str, target: str) -> Endpoint:
+        """``URL#MODEL``, or a bare URL whose first listed model is used."""
+        from pytest_budgetbench.model import probe_endpoint
+
+        url, _, model = target.partition("#")
+        if not model:
+            served = probe_endpoint(url, self.settings.api_key)
+            if not served:
+                raise EndpointError(
+                    f"auxiliary model '{name}' at {redact_url(url)} lists no models; "
+                    f"pass --budgetbench-aux-models={name}=URL#MODEL"
+                )
+            model = served[0]
+        return Endpoint(base_url=url, model=model)
 
     def _start_embedded(self) -> Endpoint:
         from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer
@@ -88,7 +111,8 @@ class BudgetBenchSession:
 
     def worker_state(self) -> dict[str, Any]:
         assert self.endpoint is not None
-        return {"run_id": self.run_id, "endpoint": vars(self.endpoint)}
+        return {"run_id": self.run_id, "endpoint": vars(self.endpoint),
+                "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
 
     def finish(self) -> list[str]:
         """Write the report of this run and return the gates' failure reasons."""
@@ -146,20 +170,9 @@ class BudgetBenchSession:
         return self._runner
 
     def _make_runner(self) -> Runner:
-        from pytest_budgetbench.model import ChatModel
-
         if self.endpoint is None:
             raise EndpointError("the sweep's endpoint was not resolved at session start")
         settings = self.settings
-        chat = ChatModel(
-            self.endpoint.base_url,
-            self.endpoint.model,
-            api_key=settings.api_key,
-            timeout=settings.timeout,
-            attempts=settings.retries,
-            temperature=settings.temperature,
-            seed=settings.seed,
-        )
         return Runner(
             settings,
             self.catalog,
@@ -167,8 +180,23 @@ class BudgetBenchSession:
             self.store,
             self.run_id,
             tokens=make_counter(settings, self.endpoint),
-            chat=chat,
+            chat=self._chat(self.endpoint),
             embedder_factory=self._embedder_factory(),
+            aux_chats={name: self._chat(e) for name, e in self.aux_endpoints.items()},
+        )
+
+    def _chat(self, endpoint: Endpoint) -> Any:
+        from pytest_budgetbench.model import ChatModel
+
+        settings = self.settings
+        return ChatModel(
+            endpoint.base_url,
+            endpoint.model,
+            api_key=settings.api_key,
+            timeout=settings.timeout,
+            attempts=settings.retries,
+            temperature=settings.temperature,
+            seed=settings.seed,
         )
 
     def _embedder_factory(self) -> Any:

@@ -64,9 +64,16 @@ class StrategyContext:
     item_id: str = ""
     seed: int = 0
     aux: AuxiliaryModel | None = None
+    aux_models: dict[str, AuxiliaryModel] = field(default_factory=dict)
+    """Further auxiliary models by name (``--budgetbench-aux-models``, e.g. small, medium,
+    large); each is budgeted and recorded like ``aux``."""
     embedder_factory: object = None
     options: dict[str, Any] = field(default_factory=dict)
-    """Strategy options from the command line, e.g. ``rag_chunk`` ("adaptive" or tokens)."""
+    """Strategy options from the command line: ``rag_chunk`` ("adaptive" or tokens),
+    ``embedding_model``, and every KEY=VALUE of ``--budgetbench-strategy-options``."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """What the strategy wants on the cell's row (JSON-serialisable), as ``strategy_info``:
+    e.g. the tiers it chose and its modules' compute seconds."""
     _embedder: Embedder | None = field(default=None, repr=False)
 
     @property
