@@ -143,6 +143,16 @@ def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
     return parse
 
 
+def parse_shard(raw: str) -> tuple[int, int]:
+    index, slash, count = raw.partition("/")
+    if slash and _is_count(index) and _is_count(count) and 1 <= int(index) <= int(count):
+        return int(index), int(count)
+    raise ConfigError(
+        f"--budgetbench-shard must be i/n with 1 <= i <= n, e.g. --budgetbench-shard=2/4 "
+        f"(got {raw!r})"
+    )
+
+
 def parse_tokenizer(raw: str) -> str:
     if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
         if raw in ("hf:", "gguf:"):
@@ -249,6 +259,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
                _non_negative_float("--budgetbench-price-in"), None, metavar="USD"),
     OptionSpec("price_out", "USD per 1M output tokens, for cost columns",
                _non_negative_float("--budgetbench-price-out"), None, metavar="USD"),
+    OptionSpec("cache", "response cache: on (shared across runs) | refresh (send again, "
+               "keep the new replies) | off (this run only); identical prompts are sent "
+               "once in every mode (default: on at temperature 0, else no caching)",
+               _choice("--budgetbench-cache", ("on", "off", "refresh")), None),
+    OptionSpec("cache_path", "the response cache's SQLite file (default: "
+               "<out>/responses.sqlite; a user cache directory works too)", str, None,
+               env="BUDGETBENCH_CACHE_PATH", metavar="FILE"),
+    OptionSpec("resume", "continue a run: its directory, or 'latest' in --budgetbench-out; "
+               "cells recorded ok or violation are kept, errors and missing cells run",
+               str, None, metavar="RUN_DIR|latest"),
+    OptionSpec("shard", "run shard i of n; items are split, so paired cells stay together "
+               "(merge with: budgetbench report DIR DIR ...)", parse_shard, None,
+               metavar="i/n"),
+    OptionSpec("concurrency", "model requests in flight at once, across xdist workers; "
+               "without xdist, N>1 runs N cells concurrently (default: one per process)",
+               _positive_int("--budgetbench-concurrency"), None, metavar="N"),
     OptionSpec("strategy_options", "options for strategies, KEY=VALUE,KEY=VALUE (each strategy "
                "documents the keys it reads)", parse_key_values("--budgetbench-strategy-options"),
                None, metavar="KEY=VALUE,..."),
@@ -301,6 +327,11 @@ class Settings:
     price_in: float | None = None
     price_out: float | None = None
     chunk_tokens: int = 512
+    cache: str | None = None
+    cache_path: str | None = None
+    resume: str | None = None
+    shard: tuple[int, int] | None = None
+    concurrency: int | None = None
     strategy_options: dict[str, str] | None = None
     aux_models: dict[str, str] | None = None
     data_paths: dict[str, str] = field(default_factory=dict)
@@ -308,6 +339,13 @@ class Settings:
     @property
     def active(self) -> bool:
         return bool(self.budgets)
+
+    @property
+    def cache_mode(self) -> str | None:
+        """The effective cache mode; None means no cache and no dedup (sampled replies)."""
+        if self.cache is not None:
+            return self.cache
+        return "on" if self.temperature == 0 else None
 
     @property
     def api_key(self) -> str | None:

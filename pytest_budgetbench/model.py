@@ -6,6 +6,8 @@ An endpoint failure is an :class:`EndpointError`: it is never turned into an ans
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.metadata
 import os
 import random
@@ -14,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,37 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
+class RequestSlots:
+    """At most ``limit`` requests in flight, across threads and processes: a slot is an
+    exclusive ``flock`` on one of ``limit`` files, so a killed holder frees its slot."""
+
+    def __init__(self, directory: Path, limit: int, poll_s: float = 0.01) -> None:
+        self.paths = [directory / f"slot-{index}.lock" for index in range(limit)]
+        self.poll_s = poll_s
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        fd = self._acquire()
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def _acquire(self) -> int:
+        while True:
+            for path in self.paths:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                return fd
+            time.sleep(self.poll_s)
+
+
 class ChatModel:
     """Chat completions through the ``openai`` client, retried with backoff and jitter.
 
@@ -73,6 +106,7 @@ class ChatModel:
         temperature: float = 0.0,
         seed: int | None = 0,
         backoff_s: float = 0.5,
+        slots: RequestSlots | None = None,
     ) -> None:
         import openai
 
@@ -82,6 +116,7 @@ class ChatModel:
         self.seed = seed
         self.attempts = attempts
         self.backoff_s = backoff_s
+        self.slots = slots
         # Our own retry loop owns backoff, so the client's is off.
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
@@ -95,15 +130,17 @@ class ChatModel:
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
         for attempt in range(1, self.attempts + 1):
-            started = time.perf_counter()
             try:
-                response = self._client.chat.completions.create(
-                    model=self.model,
-                    messages=list(messages),  # type: ignore[arg-type]
-                    max_tokens=max_tokens,
-                    temperature=self.temperature,
-                    seed=self.seed,
-                )
+                with self.slots.hold() if self.slots else contextlib.nullcontext():
+                    started = time.perf_counter()
+                    response = self._client.chat.completions.create(
+                        model=self.model,
+                        messages=list(messages),  # type: ignore[arg-type]
+                        max_tokens=max_tokens,
+                        temperature=self.temperature,
+                        seed=self.seed,
+                    )
+                    latency_s = time.perf_counter() - started
             except self._retryable as exc:
                 if attempt == self.attempts:
                     raise EndpointError(self._describe_failure(exc, attempt)) from exc
@@ -113,7 +150,7 @@ class ChatModel:
                 raise EndpointError(self._describe_failure(exc, attempt)) from exc
             except ValueError as exc:  # undecodable body
                 raise EndpointError(self._malformed(str(exc))) from exc
-            return self._parse(response, time.perf_counter() - started)
+            return self._parse(response, latency_s)
         raise AssertionError("unreachable")
 
     def _delay(self, attempt: int, exc: Exception) -> float:
@@ -130,6 +167,11 @@ class ChatModel:
 
     def _malformed(self, what: str) -> str:
         return f"malformed reply from {redact_url(self.base_url)}: {what}"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The generation parameters that shape a reply (a response cache keys on them)."""
+        return {"temperature": self.temperature, "seed": self.seed}
 
     def _parse(self, response: Any, latency_s: float) -> Completion:
         choices = getattr(response, "choices", None)

@@ -19,6 +19,7 @@ from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, ConfigEr
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 CELL_KEY = pytest.StashKey["Cell"]()
 COLLECTOR_NAME = "budgetbench"
+LOADGROUP_KEY = "budgetbench_loadgroup"
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
@@ -74,7 +75,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
     workerinput = getattr(config, "workerinput", None)
     state = workerinput.get(WORKER_KEY) if workerinput else None
-    session = BudgetBenchSession(settings, worker_state=state)
+    try:
+        session = BudgetBenchSession(settings, worker_state=state)
+    except BudgetBenchError as exc:
+        raise pytest.UsageError(f"budgetbench: {exc}") from None
+    if getattr(config.option, "dist", "no") == "load":
+        # -n alone means "load"; keep an item's cells on one worker, where its caches are.
+        config.option.dist = "loadgroup"
+    if workerinput and workerinput.get(LOADGROUP_KEY):
+        # Workers parse the command line afresh, so they learn of the switch from us.
+        config.option.loadgroup = True
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(SweepPlugin(config, session), "budgetbench-sweep")
 
@@ -100,9 +110,20 @@ class SweepPlugin:
         from pytest_budgetbench.session import WORKER_KEY
 
         node.workerinput[WORKER_KEY] = self.session.worker_state()
+        node.workerinput[LOADGROUP_KEY] = self.config.option.dist == "loadgroup"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.session.stop()
+
+    # -- --budgetbench-concurrency without xdist: cells run ahead in threads ------------
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        concurrency = self.session.settings.concurrency or 1
+        if concurrency < 2 or self.session.is_worker or self.config.option.collectonly:
+            return
+        if getattr(self.config.option, "dist", "no") != "no":
+            return  # xdist's controller runs no test; its workers run one cell at a time
+        cells = [item.stash[CELL_KEY] for item in session.items if CELL_KEY in item.stash]
+        self.session.prefetch([cell for cell in cells if not self.session.skip_reason(cell)])
 
     # -- collection: one Function per cell ---------------------------------------------
     # tryfirst: pytest's own -k/-m deselection then sees the generated cells too.
@@ -152,7 +173,12 @@ class SweepCollector(pytest.Collector):
         return []
 
     def make_item(self, cell: Cell) -> pytest.Function:
-        item = pytest.Function.from_parent(self, name=f"cell[{cell.cell_id}]", callobj=_run_cell)
+        name = f"cell[{cell.cell_id}]"
+        if getattr(self.config.option, "loadgroup", False):
+            # xdist's loadgroup schedules by an "@group" suffix of the node id; it adds one
+            # itself only on pytest < 9.2 (it sets Item._nodeid), so the cell names its own.
+            name += f"@{cell.group}"
+        item = pytest.Function.from_parent(self, name=name, callobj=_run_cell)
         item.stash[CELL_KEY] = cell
         item.add_marker(pytest.mark.budgetbench)
         item.add_marker(pytest.mark.xdist_group(cell.group))
@@ -209,6 +235,8 @@ def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | N
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
     if not config.pluginmanager.hasplugin("benchmark") or os.environ.get("PYTEST_XDIST_WORKER"):
         return None
+    if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
+        return None  # cells run ahead in threads; there is no call left to time
     if getattr(config.option, "benchmark_disable", False) or getattr(
         config.option, "dist", "no"
     ) != "no":

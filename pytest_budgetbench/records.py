@@ -43,7 +43,8 @@ ROW_FIELDS: tuple[str, ...] = (
     "prediction",
     "extracted",
     "strategy_s",
-    "model_s",
+    "model_s",  # the original call's latency, also when served from cache
+    "cached",  # the reply came from the response cache (this cell sent nothing)
     "output_tokens",
     "aux_calls",
     "aux_input_tokens",
@@ -59,6 +60,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "grader",
     "error",
     "seed",
+    "worker",  # the xdist worker that ran the cell, or null
     "time",
 )
 

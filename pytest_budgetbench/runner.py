@@ -4,6 +4,8 @@ grade, record. The runner counts and enforces; strategies only propose prompts."
 from __future__ import annotations
 
 import copy
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +117,14 @@ class CellResult:
     def prediction(self) -> str | None:
         return self.row.get("prediction")
 
+    @classmethod
+    def from_row(
+        cls, cell: Cell, item: Item, row: dict[str, Any], prompt: list[Message]
+    ) -> CellResult:
+        """The result a resumed run already recorded for this cell."""
+        violation = str(row.get("error") or "") if row.get("status") == "violation" else ""
+        return cls(cell, item, row, prompt, bool(row.get("reference")), violation)
+
 
 class Catalog:
     """Tasks and their items, loaded once per process (collection needs them too)."""
@@ -159,12 +169,14 @@ class Runner:
         self.chat = chat
         self.embedder_factory = embedder_factory
         self.aux_chats = aux_chats or {}
-        self._strategies: dict[str, Strategy] = {}
+        # Strategies keep per-item state, so each thread (--budgetbench-concurrency) has its own.
+        self._local = threading.local()
 
     def strategy(self, name: str) -> Strategy:
-        if name not in self._strategies:
-            self._strategies[name] = load_strategy(name)
-        return self._strategies[name]
+        strategies: dict[str, Strategy] = self._local.__dict__.setdefault("strategies", {})
+        if name not in strategies:
+            strategies[name] = load_strategy(name)
+        return strategies[name]
 
     # -- the cell ----------------------------------------------------------------------
     def run(self, cell: Cell, timer: Timer | None = None) -> CellResult:
@@ -215,6 +227,7 @@ class Runner:
             quality=grade.quality,
             grader=grade.grader,
             model_s=round(completion.latency_s, 4),
+            cached=completion.cached,
             output_tokens=completion.completion_tokens,
             server_prompt_tokens=completion.prompt_tokens,
             token_count_match=(
@@ -308,6 +321,7 @@ class Runner:
             "extracted": None,
             "strategy_s": None,
             "model_s": None,
+            "cached": None,
             "output_tokens": None,
             "strategy_info": None,
             "model": self.endpoint.model,
@@ -319,6 +333,7 @@ class Runner:
             "grader": self.catalog.task(cell.task).grader_version,
             "error": None,
             "seed": self.settings.seed,
+            "worker": os.environ.get("PYTEST_XDIST_WORKER"),
             "time": round(time.time(), 3),
         }
 

@@ -9,31 +9,59 @@ lazily on its first cell, so heavy imports happen only when a sweep really runs.
 from __future__ import annotations
 
 import functools
+import json
 import random
 import secrets
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.errors import ConfigError, EndpointError, TokenizerError
 from pytest_budgetbench.model import redact_url
-from pytest_budgetbench.records import RunStore
+from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
 from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner
 
 WORKER_KEY = "budgetbench"
+FINAL_STATUSES = frozenset({"ok", "violation"})
+"""A resumed run keeps cells recorded with these; errors and missing cells run again."""
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+def new_run_id(shard: tuple[int, int] | None = None) -> str:
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return f"{run_id}-shard{shard[0]}of{shard[1]}" if shard else run_id
+
+
+def resolve_run_dir(settings: Settings) -> Path:
+    """A new run directory under --budgetbench-out, or the one --budgetbench-resume names."""
+    out = Path(settings.out)
+    if settings.resume is None:
+        return out / new_run_id(settings.shard)
+    if settings.resume == "latest":
+        runs = sorted(d for d in out.glob("*") if (d / RUN_FILE).is_file())
+        if not runs:
+            raise ConfigError(
+                f"--budgetbench-resume=latest found no run in {out}; "
+                "pass the run directory, or --budgetbench-out=DIR where the runs are"
+            )
+        return runs[-1]
+    run_dir = Path(settings.resume)
+    if not (run_dir / RUN_FILE).is_file() and not (run_dir / CELLS_FILE).is_file():
+        raise ConfigError(
+            f"--budgetbench-resume={settings.resume}: not a run directory (no {RUN_FILE} or "
+            f"{CELLS_FILE}); pass a directory under --budgetbench-out, or 'latest'"
+        )
+    return run_dir
 
 
 class BudgetBenchSession:
     def __init__(self, settings: Settings, *, worker_state: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self.is_worker = worker_state is not None
-        self.run_id: str = worker_state["run_id"] if worker_state else new_run_id()
+        run_dir = Path(worker_state["run_dir"]) if worker_state else resolve_run_dir(settings)
+        self.run_id = run_dir.name
         self.endpoint: Endpoint | None = (
             Endpoint(**worker_state["endpoint"]) if worker_state else None
         )
@@ -41,10 +69,12 @@ class BudgetBenchSession:
             name: Endpoint(**fields)
             for name, fields in (worker_state or {}).get("aux_endpoints", {}).items()
         }
-        self.store = RunStore(Path(settings.out) / self.run_id)
+        self.store = RunStore(run_dir)
         self.catalog = Catalog(settings)
         self.server: Any = None
         self.results: dict[str, CellResult] = {}
+        self._pending: dict[str, Future[CellResult]] = {}
+        self._pool: ThreadPoolExecutor | None = None
         self.gate_failures: list[str] = []
         self.report_dir: Path | None = None
         self._runner: Runner | None = None
@@ -70,11 +100,33 @@ class BudgetBenchSession:
             name: self._resolve_aux(name, target)
             for name, target in (settings.aux_models or {}).items()
         }
-        self.store.write_run_info(
-            {"run_id": self.run_id, "settings": settings.public(),
-             "endpoint": redact_url(self.endpoint.base_url), "model": self.endpoint.model,
-             "server_flags": self.endpoint.server_flags, "started": time.time()}
-        )
+        self._write_run_info()
+
+    def _write_run_info(self) -> None:
+        assert self.endpoint is not None
+        info = {"run_id": self.run_id, "settings": self.settings.public(),
+                "endpoint": redact_url(self.endpoint.base_url), "model": self.endpoint.model,
+                "server_flags": self.endpoint.server_flags, "started": time.time()}
+        earlier = self._earlier_run_info()
+        if earlier is not None:
+            if earlier.get("model") not in (None, info["model"]):
+                raise ConfigError(
+                    f"--budgetbench-resume: run {self.run_id} was made with model "
+                    f"{earlier['model']!r}, this session asks {info['model']!r}; resume with "
+                    "the same model, or start a new run"
+                )
+            info = {**earlier, "resumed": [*earlier.get("resumed", []), time.time()]}
+        self.store.write_run_info(info)
+
+    def _earlier_run_info(self) -> dict[str, Any] | None:
+        path = self.store.run_dir / RUN_FILE
+        if self.settings.resume is None or not path.is_file():
+            return None
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            return None
+        return info if isinstance(info, dict) else None
 
     def _resolve_aux(self, name: str, target: str) -> Endpoint:
         """``URL#MODEL``, or a bare URL whose first listed model is used."""
@@ -111,7 +163,7 @@ class BudgetBenchSession:
 
     def worker_state(self) -> dict[str, Any]:
         assert self.endpoint is not None
-        return {"run_id": self.run_id, "endpoint": vars(self.endpoint),
+        return {"run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
                 "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
 
     def finish(self) -> list[str]:
@@ -142,6 +194,9 @@ class BudgetBenchSession:
         return failures
 
     def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -158,6 +213,8 @@ class BudgetBenchSession:
         cells = build_cells(
             items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
         )
+        if self.settings.shard is not None:
+            cells = shard_cells(cells, items, *self.settings.shard)
         if self.settings.shuffle == "on":
             # Seeded, so every xdist worker collects the same order.
             random.Random(self.settings.seed).shuffle(cells)
@@ -186,10 +243,14 @@ class BudgetBenchSession:
         )
 
     def _chat(self, endpoint: Endpoint) -> Any:
-        from pytest_budgetbench.model import ChatModel
+        """The endpoint's client, behind the response cache and the request slots."""
+        from pytest_budgetbench.model import ChatModel, RequestSlots
 
         settings = self.settings
-        return ChatModel(
+        slots = None
+        if settings.concurrency is not None:
+            slots = RequestSlots(self.store.run_dir / ".slots", settings.concurrency)
+        chat = ChatModel(
             endpoint.base_url,
             endpoint.model,
             api_key=settings.api_key,
@@ -197,7 +258,28 @@ class BudgetBenchSession:
             attempts=settings.retries,
             temperature=settings.temperature,
             seed=settings.seed,
+            slots=slots,
         )
+        store = self.response_store
+        if store is None:
+            return chat
+        from pytest_budgetbench.cache import CachingChatModel
+
+        return CachingChatModel(chat, store)
+
+    @functools.cached_property
+    def response_store(self) -> Any:
+        """The response cache of --budgetbench-cache, or None when replies are sampled."""
+        mode = self.settings.cache_mode
+        if mode is None:
+            return None
+        from pytest_budgetbench.cache import CACHE_FILE, ResponseStore
+
+        if mode == "off":
+            path = self.store.run_dir / CACHE_FILE
+        else:
+            path = Path(self.settings.cache_path or Path(self.settings.out) / CACHE_FILE)
+        return ResponseStore(path, run_id=self.run_id, this_run_only=mode == "refresh")
 
     def _embedder_factory(self) -> Any:
         name = self.settings.embedding_model
@@ -220,8 +302,54 @@ class BudgetBenchSession:
     def run_cell(self, cell: Cell, timer: Any = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""
         if cell.cell_id not in self.results:
-            self.results[cell.cell_id] = self.runner.run(cell, timer)
+            self.results[cell.cell_id] = self._result(cell, timer)
         return self.results[cell.cell_id]
+
+    def _result(self, cell: Cell, timer: Any) -> CellResult:
+        recorded = self.recorded.get(cell.cell_id)
+        if recorded is not None:
+            item = self.catalog.items(cell.task)[cell.item_index]
+            prompt = self._recorded_prompts.get(cell.cell_id, [])
+            return CellResult.from_row(cell, item, recorded, prompt)
+        pending = self._pending.pop(cell.cell_id, None)
+        if pending is not None:
+            return pending.result()
+        return self.runner.run(cell, timer)
+
+    @functools.cached_property
+    def recorded(self) -> dict[str, dict[str, Any]]:
+        """Cells a resumed run already has, by cell id (empty for a new run)."""
+        if self.settings.resume is None:
+            return {}
+        return {row["cell_id"]: row for row in self.store.rows()
+                if row.get("status") in FINAL_STATUSES and "cell_id" in row}
+
+    @functools.cached_property
+    def _recorded_prompts(self) -> dict[str, Any]:
+        return {entry["cell_id"]: entry["messages"] for entry in read_jsonl(
+            self.store.prompts_path) if "messages" in entry and "cell_id" in entry}
+
+    def prefetch(self, cells: list[Cell]) -> None:
+        """Start ``--budgetbench-concurrency`` cells at a time in threads; the tests then
+        collect their results in order."""
+        runner = self.runner  # built once, here, not raced for by the threads
+        self._pool = ThreadPoolExecutor(self.settings.concurrency or 1,
+                                        thread_name_prefix="budgetbench")
+        for cell in cells:
+            if cell.cell_id not in self.recorded and cell.cell_id not in self._pending:
+                self._pending[cell.cell_id] = self._pool.submit(runner.run, cell)
+
+
+def shard_cells(
+    cells: list[Cell], items: dict[str, list[str]], index: int, count: int
+) -> list[Cell]:
+    """Shard ``index`` of ``count`` (1-based): every count-th item across all tasks, so
+    shards are even and an item's cells, which pair with each other, stay together."""
+    positions: dict[tuple[str, int], int] = {}
+    for task, item_ids in items.items():
+        for item_index in range(len(item_ids)):
+            positions[(task, item_index)] = len(positions)
+    return [c for c in cells if positions[(c.task, c.item_index)] % count == index - 1]
 
 
 def make_counter(settings: Settings, endpoint: Endpoint) -> Any:

@@ -6,12 +6,16 @@ strategy that drops the evidence scores lower, and it reports ``usage.prompt_tok
 with the approximate counter, so tests can check the runner's count against it.
 
 Faults are scripted per request: ``server.faults = ["500", "429", "timeout", "malformed",
-"none", "drop"]`` makes the next requests fail in that order.
+"none", "null", "drop"]`` makes the next requests fail in that order. For a fault-injection
+run, ``server.inject(rate, kinds, seed)`` makes each request fail with probability ``rate``
+instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, and
+``max_in_flight`` records the most requests it was ever serving at once.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 import time
@@ -46,6 +50,13 @@ class FakeOpenAI:
         self.faults: list[str] = []
         self.requests: list[dict[str, Any]] = []
         self.timeout_s = 3.0
+        self.latency_s = 0.0
+        self.injected: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._random: random.Random | None = None
+        self._rate = 0.0
+        self._kinds: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -63,9 +74,29 @@ class FakeOpenAI:
         self._server.shutdown()
         self._server.server_close()
 
+    def inject(self, rate: float, kinds: tuple[str, ...], seed: int = 0) -> None:
+        self._random, self._rate, self._kinds = random.Random(seed), rate, kinds
+
     def next_fault(self) -> str | None:
         with self._lock:
-            return self.faults.pop(0) if self.faults else None
+            if self.faults:
+                fault: str | None = self.faults.pop(0)
+            elif self._random is not None and self._random.random() < self._rate:
+                fault = self._random.choice(self._kinds)
+            else:
+                fault = None
+            if fault:
+                self.injected.append(fault)
+            return fault
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
@@ -97,7 +128,16 @@ class FakeOpenAI:
                     self._send(404, b'{"error": "not found"}')
                     return
                 fake.requests.append(payload)
+                fake._enter()
+                try:
+                    self._answer(payload)
+                finally:
+                    fake._leave()
+
+            def _answer(self, payload: dict[str, Any]) -> None:
                 fault = fake.next_fault()
+                if fake.latency_s:
+                    time.sleep(fake.latency_s)
                 if fault == "500":
                     self._send(500, b'{"error": {"message": "injected"}}')
                 elif fault == "429":
@@ -111,6 +151,10 @@ class FakeOpenAI:
                     self._send(200, json.dumps({"id": "x", "object": "chat.completion",
                                                 "created": 0, "model": fake.model,
                                                 "choices": []}).encode())
+                elif fault == "null":
+                    body = json.loads(self._completion(payload))
+                    body["choices"][0]["message"]["content"] = None
+                    self._send(200, json.dumps(body).encode())
                 elif fault == "drop":
                     self.close_connection = True
                     self.wfile.flush()

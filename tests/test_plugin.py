@@ -144,8 +144,10 @@ def test_sweep_records_one_row_per_cell_and_xfails_reference_over_budget(
     admitted = [r for r in rows if r["status"] == "ok"]
     assert all(r["counted_tokens"] == r["server_prompt_tokens"] for r in admitted)
     assert all(r["tokenizer"] == "approx-chars/4" and r["tokenizer_exact"] is False for r in rows)
-    # Every violation was never sent: the fake saw only the admitted prompts.
-    assert len(fake_endpoint.requests) == len(admitted)
+    # Violations were never sent, and identical admitted prompts were sent once:
+    # truncation@8192 keeps the whole history, so it is full_context@8192's prompt.
+    assert len(fake_endpoint.requests) == len({r["prompt_sha256"] for r in admitted}) == 6
+    assert sum(r["cached"] for r in admitted) == len(admitted) - 6
     result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*1024*", "*run directory:*"])
 
 

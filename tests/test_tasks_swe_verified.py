@@ -136,7 +136,7 @@ def test_data_errors(tmp_path: Path) -> None:
         _task(bad).load()
     assert "pkg__pkg-1234" in str(exc.value) and "patch" in str(exc.value)
     bad.write_text('{"instance_id": 1}\nnot json\n', encoding="utf-8")
-    with pytest.raises(DataError, match="invalid JSON"):
+    with pytest.raises(DataError, match="line 2 is not valid JSON"):
         _task(bad).load()
 
 

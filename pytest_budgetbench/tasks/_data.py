@@ -57,12 +57,21 @@ def read_json(task: str, path: Path, wanted: str | None = None) -> Any:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise malformed(task, path, f"cannot read it ({exc})", wanted) from exc
+    if path.suffix == ".jsonl":
+        return [_json_line(task, path, number, line, wanted)
+                for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise malformed(task, path, f"invalid JSON ({exc})", wanted) from exc
+
+
+def _json_line(task: str, path: Path, number: int, line: str, wanted: str | None) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise malformed(task, path, f"line {number} is not valid JSON ({exc.msg} at column "
+                        f"{exc.colno})", wanted) from exc
 
 
 def records(task: str, path: Path, data: Any, wanted: str | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,176 @@
+"""The response cache and the request slots, against the fake endpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_budgetbench.cache import CachingChatModel, ResponseStore, request_key
+from pytest_budgetbench.errors import EndpointError
+from pytest_budgetbench.model import ChatModel, RequestSlots
+from tests.fake_openai import FakeOpenAI
+
+QUESTION = [{"role": "user", "content": "Please remember: my dog is called Rex."},
+            {"role": "user", "content": "What is my dog called?"}]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+def cached_chat(fake: FakeOpenAI, path: Path, run_id: str = "run-a") -> CachingChatModel:
+    chat = ChatModel(fake.base_url, fake.model, attempts=1, backoff_s=0.0)
+    return CachingChatModel(chat, ResponseStore(path, run_id=run_id))
+
+
+def test_a_repeated_request_is_served_from_the_store_with_its_original_latency(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.latency_s = 0.2
+    chat = cached_chat(fake, tmp_path / "r.sqlite")
+    first = chat.complete(QUESTION, max_tokens=8)
+    again = chat.complete(QUESTION, max_tokens=8)
+    assert len(fake.requests) == 1
+    assert (first.cached, again.cached) == (False, True)
+    assert again.text == first.text == "Rex"
+    assert again.latency_s == pytest.approx(first.latency_s) and again.latency_s >= 0.2
+
+
+def test_a_new_run_reads_replies_made_by_an_earlier_one(fake: FakeOpenAI, tmp_path: Path) -> None:
+    cached_chat(fake, tmp_path / "r.sqlite", "run-a").complete(QUESTION, max_tokens=8)
+    reply = cached_chat(fake, tmp_path / "r.sqlite", "run-b").complete(QUESTION, max_tokens=8)
+    assert reply.cached and len(fake.requests) == 1
+
+
+def test_refresh_sends_again_once_then_serves_its_own_reply(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = tmp_path / "r.sqlite"
+    cached_chat(fake, path, "run-a").complete(QUESTION, max_tokens=8)
+    chat = ChatModel(fake.base_url, fake.model, attempts=1, backoff_s=0.0)
+    refreshing = CachingChatModel(chat, ResponseStore(path, run_id="run-b", this_run_only=True))
+    assert not refreshing.complete(QUESTION, max_tokens=8).cached
+    assert refreshing.complete(QUESTION, max_tokens=8).cached
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_tokens": 9}, {"messages": [{"role": "user", "content": "What is my cat called?"}]},
+     {"model": "other"}, {"params": {"temperature": 0.7, "seed": 0}},
+     {"base_url": "http://elsewhere:1/v1"}],
+)
+def test_the_key_changes_with_anything_that_shapes_the_reply(change: dict) -> None:
+    request = {"base_url": "http://h:1/v1", "model": "m", "params": {"temperature": 0.0, "seed": 0},
+               "messages": QUESTION, "max_tokens": 8}
+
+    def key(r: dict) -> str:
+        params = {**r["params"], "max_tokens": r["max_tokens"]}
+        return request_key(r["base_url"], r["model"], params, r["messages"])
+
+    assert key({**request, **change}) != key(request)
+
+
+def test_the_key_ignores_secrets_in_the_endpoint_url() -> None:
+    params = {"temperature": 0.0}
+    assert request_key("http://user:sk-1@h:1/v1?key=a", "m", params, QUESTION) == request_key(
+        "http://h:1/v1", "m", params, QUESTION
+    )
+
+
+def test_threads_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.latency_s = 0.3
+    chat = cached_chat(fake, tmp_path / "r.sqlite")
+    replies = []
+
+    def ask() -> None:
+        replies.append(chat.complete(QUESTION, max_tokens=8))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(fake.requests) == 1
+    assert sorted(r.cached for r in replies) == [False, True, True, True]
+
+
+def test_processes_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.latency_s = 0.5
+    store = str(tmp_path / "r.sqlite")
+    script = (
+        "from pathlib import Path\n"
+        "from pytest_budgetbench.cache import CachingChatModel, ResponseStore\n"
+        "from pytest_budgetbench.model import ChatModel\n"
+        f"chat = CachingChatModel(ChatModel({fake.base_url!r}, {fake.model!r}),\n"
+        f"    ResponseStore(Path({store!r}), run_id='r'))\n"
+        f"print(chat.complete({QUESTION!r}, max_tokens=8).cached)\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outputs = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert outputs == ["False", "True", "True"]
+    assert len(fake.requests) == 1
+
+
+def test_a_claim_left_by_a_killed_process_is_taken_over(fake: FakeOpenAI, tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite"
+    key = request_key(fake.base_url, fake.model, {"temperature": 0.0, "seed": 0, "max_tokens": 8},
+                      QUESTION)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store = ResponseStore(path, run_id="r")
+    store._db().execute("INSERT INTO claims VALUES (?, 'gone', ?, ?, ?)",
+                        (key, store._host, dead.pid, time.time()))
+    reply = cached_chat(fake, path).complete(QUESTION, max_tokens=8)
+    assert reply.text == "Rex" and len(fake.requests) == 1
+
+
+def test_a_failed_request_is_not_stored_and_its_claim_is_released(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.faults = ["500"]
+    chat = cached_chat(fake, tmp_path / "r.sqlite")
+    with pytest.raises(EndpointError):
+        chat.complete(QUESTION, max_tokens=8)
+    reply = chat.complete(QUESTION, max_tokens=8)  # not blocked by a stale claim
+    assert not reply.cached and reply.text == "Rex" and len(fake.requests) == 2
+
+
+def test_slots_bound_requests_in_flight_across_threads(fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.latency_s = 0.2
+    chat = ChatModel(fake.base_url, fake.model, slots=RequestSlots(tmp_path / "slots", 2))
+    threads = [threading.Thread(target=chat.complete, args=(QUESTION,), kwargs={"max_tokens": 4})
+               for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(fake.requests) == 6
+    assert fake.max_in_flight == 2
+
+
+def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
+    slots = RequestSlots(tmp_path / "slots", 1)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path\n"
+         "from pytest_budgetbench.model import RequestSlots\n"
+         f"with RequestSlots(Path({str(tmp_path / 'slots')!r}), 1).hold():\n"
+         "    print('held', flush=True); time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    with slots.hold():  # would wait forever if the dead holder kept its slot
+        pass

@@ -1,0 +1,75 @@
+"""The fault-injection suite: sweeps against a faulty endpoint, killed and resumed.
+
+Every scenario must lose no row, duplicate no row and grade no infrastructure failure.
+``benchmarks/fault_suite.py`` prints the same scenarios as a table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests import faults
+from tests.fake_openai import FakeOpenAI
+
+
+def test_transient_faults_error_cells_never_grade_them_and_resume_reruns_the_errors(
+    tmp_path: Path,
+) -> None:
+    injected, resumed = faults.transient_faults(tmp_path)
+    assert injected.faults_injected > 5 and injected.clean and resumed.clean
+    # Unretryable replies (malformed, no choices, null content) errored their cells...
+    assert injected.errored > 4 and injected.completed + injected.errored == injected.cells
+    # ...and the resume reran them: what is left is the crashing strategy's cells alone.
+    crashed = 2 * len(faults.BUDGETS)  # items 0002 and 0005 of 6
+    assert resumed.errored == crashed and resumed.completed == resumed.cells - crashed
+
+
+def test_sigkill_at_any_point_then_resume_leaves_exactly_one_row_per_cell(
+    tmp_path: Path,
+) -> None:
+    result = faults.kill_and_resume(tmp_path, kill_at=(1, 9, 17))
+    assert result.clean, result
+    assert result.completed + result.errored == result.cells
+
+
+def test_xdist_workers_share_records_and_lose_nothing(tmp_path: Path) -> None:
+    result = faults.under_xdist(tmp_path)
+    assert result.faults_injected > 0 and result.clean
+    assert result.completed == result.cells - 2 * len(faults.BUDGETS)
+
+
+def test_an_endpoint_down_at_start_is_one_clear_error_before_any_cell(tmp_path: Path) -> None:
+    result, output = faults.endpoint_down(tmp_path)
+    assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.completed == 0
+    (line,) = [line for line in output.splitlines() if line.startswith("ERROR:")]
+    assert "is not usable" in line and "--budgetbench-endpoint" in line
+
+
+def test_a_malformed_dataset_line_is_one_clear_error_naming_file_and_line(
+    tmp_path: Path,
+) -> None:
+    result, output = faults.malformed_dataset(tmp_path)
+    assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.completed == 0
+    (line,) = [line for line in output.splitlines() if line.startswith("ERROR:")]
+    assert "hotpot.jsonl" in line and "line 2 is not valid JSON" in line
+
+
+def test_the_tally_counts_lost_duplicate_and_wrongly_graded_rows(tmp_path: Path) -> None:
+    """The suite's own yardstick can fail: rows that break each rule are counted."""
+    question = [{"role": "user", "content": "my dog is called Rex"},
+                {"role": "user", "content": "What is my dog called?"}]
+    rows = [
+        {"cell_id": "memory-0000-truncation-512", "status": "ok", "prediction": "Rex"},
+        {"cell_id": "memory-0000-truncation-512", "status": "ok", "prediction": "Rex"},
+        {"cell_id": "memory-0001-truncation-512", "status": "ok", "prediction": ""},
+    ]
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"cell_id": r["cell_id"], "messages": question}) + "\n" for r in rows))
+    expected = faults.expected_cells(3, ["truncation"], [512])
+    result = faults.tally("yardstick", FakeOpenAI(), tmp_path, expected, 0, 0.0)
+    assert (result.rows_lost, result.duplicate_rows, result.graded_failures) == (1, 1, 1)
+    assert not result.clean
