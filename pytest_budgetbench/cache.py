@@ -71,11 +71,12 @@ class Chat(Protocol):
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion: ...
 
 
-def request_key(base_url: str, model: str, params: dict[str, Any],
+def request_key(endpoint: str, model: str, params: dict[str, Any],
                 messages: Sequence[Message]) -> str:
-    """The content address of one chat request."""
+    """The content address of one chat request; ``endpoint`` names who answers it (a URL,
+    redacted here, or the embedded model's identity, which outlives its port)."""
     canonical = json.dumps(
-        {"endpoint": redact_url(base_url), "model": model, "params": params,
+        {"endpoint": redact_url(endpoint), "model": model, "params": params,
          "messages": list(messages)},
         sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
     )
@@ -183,19 +184,21 @@ class CachingChatModel:
     ``max_tokens``, so a change to any of them is a new request.
     """
 
-    def __init__(self, chat: Chat, store: ResponseStore, poll_s: float = 0.05) -> None:
+    def __init__(self, chat: Chat, store: ResponseStore, *, endpoint: str | None = None,
+                 poll_s: float = 0.05) -> None:
         self._chat = chat
         self._store = store
         self._poll_s = poll_s
         self.base_url = chat.base_url
         self.model = chat.model
+        self.endpoint = endpoint or chat.base_url
 
     @property
     def params(self) -> dict[str, Any]:
         return self._chat.params
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
-        key = request_key(self.base_url, self.model,
+        key = request_key(self.endpoint, self.model,
                           {**self.params, "max_tokens": max_tokens}, messages)
         delay = self._poll_s
         while True:

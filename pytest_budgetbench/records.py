@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,11 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(row, dict):
                 yield row
+
+
+def last_row_per_cell(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell id: the last one, as a resumed run supersedes its errors."""
+    return list({row.get("cell_id"): row for row in rows}.values())
 
 
 class RunStore:

@@ -42,6 +42,17 @@ class Endpoint:
     gguf_path: str | None = None
     server_flags: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def identity(self) -> str:
+        """Who answers, for the response cache: the URL, or for the embedded server its
+        model file and the flags that shape replies (not its port, new every session,
+        nor its context size)."""
+        if not self.embedded:
+            return self.base_url
+        flags = ",".join(f"{k}={v}" for k, v in sorted(self.server_flags.items())
+                         if k != "n_ctx")
+        return f"embedded:{Path(self.gguf_path or '').name}:{flags}"
+
 
 @dataclass
 class AuxCall:

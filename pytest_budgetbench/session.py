@@ -265,7 +265,7 @@ class BudgetBenchSession:
             return chat
         from pytest_budgetbench.cache import CachingChatModel
 
-        return CachingChatModel(chat, store)
+        return CachingChatModel(chat, store, endpoint=endpoint.identity)
 
     @functools.cached_property
     def response_store(self) -> Any:

@@ -174,3 +174,18 @@ def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
     holder.wait()
     with slots.hold():  # would wait forever if the dead holder kept its slot
         pass
+
+
+def test_the_embedded_servers_identity_outlives_its_port_and_context_size() -> None:
+    from dataclasses import replace
+
+    from pytest_budgetbench.runner import Endpoint
+
+    first = Endpoint("http://127.0.0.1:41000/v1", "m", embedded=True, gguf_path="/p/S.gguf",
+                     server_flags={"n_ctx": 8192, "n_threads": 2})
+    later = replace(first, base_url="http://127.0.0.1:42000/v1",
+                    server_flags={"n_ctx": 16384, "n_threads": 2})
+    other_threads = replace(first, server_flags={"n_ctx": 8192, "n_threads": 4})
+    assert first.identity == later.identity != other_threads.identity
+    remote = Endpoint("http://127.0.0.1:41000/v1", "m")
+    assert remote.identity == remote.base_url != first.identity

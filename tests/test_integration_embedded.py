@@ -12,21 +12,22 @@ pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration
 
 
+SWEEP = ("--budgets=512,1024", "--budgetbench-items=3",
+         "--budgetbench-strategies=truncation,full_context", "--budgetbench-tasks=memory",
+         "-p", "no:cacheprovider")
+
+
 def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    result = pytester.runpytest_subprocess(
-        "--budgets=512,1024",
-        "--budgetbench-items=3",
-        "--budgetbench-strategies=truncation,full_context",
-        "--budgetbench-tasks=memory",
-        f"--budgetbench-out={tmp_path}",
-        "-p", "no:cacheprovider",
-        timeout=600,
-    )
+    # Two xdist workers share the one embedded server the controller starts.
+    result = pytester.runpytest_subprocess(*SWEEP, f"--budgetbench-out={tmp_path}", "-n", "2",
+                                           timeout=600)
     result.assert_outcomes(passed=6, xfailed=6)
     (cells,) = tmp_path.glob("*/cells.jsonl")
     rows = [json.loads(line) for line in cells.read_text().splitlines()]
+    assert {r["worker"] for r in rows} == {"gw0", "gw1"}
+    assert len(list(tmp_path.glob("*/server.log"))) == 1
     assert len(rows) == 12
     admitted = [r for r in rows if r["status"] == "ok"]
     assert {r["strategy"] for r in admitted} == {"truncation"}
@@ -41,6 +42,14 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
     report = tmp_path / rows[0]["run_id"] / "report" / "report.html"
     assert report.exists()
     result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*512*", "*report: *"])
+
+    # The same sweep again: every answer comes from the response cache, unchanged.
+    pytester.runpytest_subprocess(*SWEEP, f"--budgetbench-out={tmp_path}", timeout=600)
+    (rerun,) = [p for p in tmp_path.glob("*/cells.jsonl") if p != cells]
+    again = [json.loads(line) for line in rerun.read_text().splitlines()]
+    assert all(r["cached"] for r in again if r["status"] == "ok")
+    assert sorted((r["cell_id"], r["prediction"], r["model_s"]) for r in again) == sorted(
+        (r["cell_id"], r["prediction"], r["model_s"]) for r in rows)
 
 
 def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:

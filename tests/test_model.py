@@ -203,3 +203,39 @@ def test_a_key_in_the_probed_url_stays_out_of_errors() -> None:
     with pytest.raises(EndpointError) as info:
         probe_endpoint(url, None, timeout=2.0)
     assert SECRET not in str(info.value)
+
+
+def test_a_server_started_by_a_sweep_dies_with_it_even_on_sigkill() -> None:
+    """The embedded server's launcher asks the kernel to end the server with its parent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, time\n"
+         "from pytest_budgetbench.model import _die_with_parent\n"
+         "child = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent)\n"
+         "print(child.pid, flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return
+        # A killed child stays a zombie until init reaps it; a zombie is dead.
+        with open(f"/proc/{child_pid}/stat") as stat:
+            if stat.read().split(")")[-1].split()[0] == "Z":
+                return
+        time.sleep(0.05)
+    os.kill(child_pid, signal.SIGKILL)
+    raise AssertionError("the child outlived its SIGKILLed parent")

@@ -4,6 +4,7 @@ bounded concurrency, end to end against the fake endpoint."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def test_resume_keeps_recorded_cells_and_reruns_errors_into_the_same_run(
     sent = len(fake_endpoint.requests)
     result = sweep(pytester, fake_endpoint, tmp_path, f"--budgetbench-resume={run}")
     result.assert_outcomes(passed=9, xfailed=3)  # recorded violations xfail again
+    # The summary counts each cell once: the superseded error rows are not items.
+    counts = re.findall(r" (?:1024|8192) +(\d+) ", result.stdout.str())
+    assert counts == ["3"] * 4
     assert runs_in(tmp_path) == [run]
     # Only the two errored cells ran; one of them (truncation@8192 of item 0, whose prompt
     # is full_context@8192's) found its reply in the cache.

@@ -88,7 +88,9 @@ def format_table(stats: list[CellStats]) -> list[str]:
 
 
 def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
-    rows = session.store.rows()
+    from pytest_budgetbench.records import last_row_per_cell
+
+    rows = last_row_per_cell(session.store.rows())
     terminalreporter.section("budgetbench summary")
     if not rows:
         terminalreporter.write_line(f"no cells recorded; run directory: {session.store.run_dir}")
@@ -99,6 +101,12 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
         for line in format_table([s for s in stats if s.task == task]):
             terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows, stats)
+    cached = sum(1 for r in rows if r.get("cached"))
+    if cached:
+        terminalreporter.write_line(
+            f"{cached} of {sum(r['status'] == 'ok' for r in rows)} answers came from the "
+            "response cache (model s is the original call's)"
+        )
     for reason in session.gate_failures:
         terminalreporter.write_line(f"budgetbench gate failed: {reason}", red=True, bold=True)
     terminalreporter.write_line(f"run directory: {session.store.run_dir}")
