@@ -3,6 +3,7 @@ bounded concurrency, end to end against the fake endpoint."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections import defaultdict
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_budgetbench.cli import main
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import sweep_args
 
@@ -147,6 +149,10 @@ def test_shards_split_by_item_and_merge_into_the_unsharded_report(
     assert {r["cell_id"] for r in first}.isdisjoint(r["cell_id"] for r in second)
     assert [run.name.endswith(f"-shard{i}of2") for i, run in enumerate(runs_in(tmp_path), 1)
             ] == [True, True]
+    merged = tmp_path / "merged"
+    assert main(["report", *map(str, runs_in(tmp_path)), "--out", str(merged), "--no-plots"]) == 0
+    with (merged / "summary.csv").open() as handle:
+        assert {row["n_items"] for row in csv.DictReader(handle)} == {"3"}
 
 
 def test_concurrency_runs_cells_ahead_but_never_exceeds_its_bound(
