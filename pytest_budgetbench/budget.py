@@ -63,6 +63,10 @@ def _text_only(messages: Sequence[Message]) -> list[Message]:
     return [{**m, "content": text_of(m)} if image_parts(m) else m for m in messages]
 
 
+PROMPT_CACHE_SIZE = 4096
+"""Whole-prompt counts kept per counter; the oldest goes first."""
+
+
 def message_key(message: Message) -> str:
     """A stable content key for one message, used by caches."""
     blob = json.dumps(message, sort_keys=True, ensure_ascii=False)
@@ -87,6 +91,7 @@ class TokenCounter(ABC):
     def __init__(self) -> None:
         self._message_cache: dict[str, int] = {}
         self._text_cache: dict[str, int] = {}
+        self._prompt_cache: dict[str, int] = {}
         self._overhead: int | None = None
 
     @abstractmethod
@@ -98,8 +103,18 @@ class TokenCounter(ABC):
         """Tokens of plain text, with no template and no special tokens."""
 
     def count_messages(self, messages: Sequence[Message]) -> int:
-        """Tokens of the full prompt exactly as the model receives it."""
-        return self._count_prompt(messages)
+        """Tokens of the full prompt exactly as the model receives it.
+
+        Remembered per prompt: a sweep counts the same prompt at every budget it fits (and
+        truncation at a large budget sends full_context's prompt).
+        """
+        key = prompt_sha256(messages)
+        cached = self._prompt_cache.get(key)
+        if cached is None:
+            if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            cached = self._prompt_cache[key] = self._count_prompt(messages)
+        return cached
 
     def count_text(self, text: str) -> int:
         cached = self._text_cache.get(text)

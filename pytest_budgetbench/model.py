@@ -129,18 +129,23 @@ class ChatModel:
             openai.InternalServerError,
         )
         self._api_error: type[Exception] = openai.APIError
+        # The client's own post, not chat.completions.create: create() walks every message
+        # through its TypedDict transform, about 10 ms per request on a 3K-token chat,
+        # which was most of the harness's time per cell. The JSON sent is the same.
+        from openai.types.chat import ChatCompletion
+
+        self._completion_type = ChatCompletion
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
         for attempt in range(1, self.attempts + 1):
             try:
                 with self.slots.hold() if self.slots else contextlib.nullcontext():
                     started = time.perf_counter()
-                    response = self._client.chat.completions.create(
-                        model=self.model,
-                        messages=list(messages),  # type: ignore[arg-type]
-                        max_tokens=max_tokens,
-                        temperature=self.temperature,
-                        seed=self.seed,
+                    response = self._client.post(
+                        "/chat/completions", cast_to=self._completion_type,
+                        body={"model": self.model, "messages": list(messages),
+                              "max_tokens": max_tokens, "temperature": self.temperature,
+                              "seed": self.seed},
                     )
                     latency_s = time.perf_counter() - started
             except self._retryable as exc:
