@@ -226,3 +226,27 @@ def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError) as info:
         HFCounter(str(missing))
     assert str(missing) in str(info.value)
+
+
+def test_a_prompt_is_tokenized_once_however_often_it_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_budgetbench import budget
+
+    counter = budget.ApproxCounter()
+    calls: list[int] = []
+    original = counter._count_prompt
+
+    def counting(messages):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(messages)
+
+    monkeypatch.setattr(counter, "_count_prompt", counting)
+    monkeypatch.setattr(budget, "PROMPT_CACHE_SIZE", 2)
+    prompts = [[{"role": "user", "content": f"question {i}"}] for i in range(3)]
+    first = counter.count_messages(prompts[0])
+    assert counter.count_messages([dict(prompts[0][0])]) == first and len(calls) == 1
+    counter.count_messages(prompts[1])
+    counter.count_messages(prompts[2])  # the cache holds two: prompts[0] goes
+    counter.count_messages(prompts[0])
+    assert len(calls) == 4
