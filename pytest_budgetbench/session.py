@@ -40,13 +40,13 @@ def resolve_run_dir(settings: Settings) -> Path:
     if settings.resume is None:
         return out / new_run_id(settings.shard)
     if settings.resume == "latest":
-        runs = sorted(d for d in out.glob("*") if (d / RUN_FILE).is_file())
+        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file()]
         if not runs:
             raise ConfigError(
                 f"--budgetbench-resume=latest found no run in {out}; "
                 "pass the run directory, or --budgetbench-out=DIR where the runs are"
             )
-        return runs[-1]
+        return max(runs, key=started_at)
     run_dir = Path(settings.resume)
     if not (run_dir / RUN_FILE).is_file() and not (run_dir / CELLS_FILE).is_file():
         raise ConfigError(
@@ -54,6 +54,15 @@ def resolve_run_dir(settings: Settings) -> Path:
             f"{CELLS_FILE}); pass a directory under --budgetbench-out, or 'latest'"
         )
     return run_dir
+
+
+def started_at(run_dir: Path) -> float:
+    """When a run first started (run.json keeps it across resumes); run ids made in the
+    same second do not sort by time."""
+    try:
+        return float(json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (run_dir / RUN_FILE).stat().st_mtime if (run_dir / RUN_FILE).exists() else 0.0
 
 
 class BudgetBenchSession:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.cli import main
+from pytest_budgetbench.session import started_at
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import sweep_args
 
@@ -21,7 +22,8 @@ def rows_in(run_dir: Path) -> list[dict]:
 
 
 def runs_in(tmp: Path) -> list[Path]:
-    return sorted(d for d in (tmp / "out").iterdir() if d.is_dir())
+    """Run directories, oldest first (two runs can start within the same second)."""
+    return sorted((d for d in (tmp / "out").iterdir() if d.is_dir()), key=started_at)
 
 
 def sweep(pytester: pytest.Pytester, fake: FakeOpenAI, tmp: Path, *extra: str
