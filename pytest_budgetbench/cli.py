@@ -120,9 +120,29 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
+# -- train-router ---------------------------------------------------------------------------
+def add_train_router_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    # The handler lives with BudgetMem; importing it loads no torch (training does).
+    from pytest_budgetbench.strategies.budgetmem import train
+
+    parser = subparsers.add_parser(
+        "train-router",
+        help="train a BudgetMem tier router (PPO) and write its checkpoint",
+        description="Run the BudgetMem pipeline on a task's training split with tiers sampled "
+        "from a small policy network, reward = task score + lambda x cost efficiency, and "
+        "update it with PPO. Seeded; resumes from DIR's state file unless --fresh. The "
+        "strategy budgetmem@LAMBDA then loads DIR/budgetmem-lambdaLAMBDA.pt.",
+    )
+    train.add_arguments(parser)
+    parser.set_defaults(handler=train.run_train_router)
+
+
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
+    add_train_router_command,
 ]
 
 

@@ -282,6 +282,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
                "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
                metavar="NAME=URL[#MODEL],..."),
+    OptionSpec("locomo_samples", "which LoCoMo conversations the locomo task reads: all, "
+               "first (BudgetMem's router training split), rest, or sample ids", str, "all",
+               env="BUDGETBENCH_LOCOMO_SAMPLES", metavar="all|first|rest|IDS"),
     OptionSpec("chunk_tokens", "chunk size in tokens when long contexts become messages",
                _positive_int("--budgetbench-chunk-tokens"), 512, metavar="TOKENS"),
     *(
@@ -327,6 +330,7 @@ class Settings:
     price_in: float | None = None
     price_out: float | None = None
     chunk_tokens: int = 512
+    locomo_samples: str = "all"
     cache: str | None = None
     cache_path: str | None = None
     resume: str | None = None

@@ -222,14 +222,14 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
         pytest.skip(reason)
     timer = _benchmark_timer(request)
     result = session.run_cell(cell, timer)
-    if timer is not None and result.status == "ok":
+    if timer is not None and timer.timed:
         request.getfixturevalue("benchmark").extra_info.update(
             quality=result.quality, counted_tokens=result.row["counted_tokens"]
         )
     return result
 
 
-def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | None:
+def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
@@ -242,10 +242,20 @@ def _benchmark_timer(request: pytest.FixtureRequest) -> Callable[[Any], Any] | N
     ) != "no":
         return None
 
-    def timer(call: Callable[[], Any]) -> Any:
-        benchmark = request.getfixturevalue("benchmark")
+    return _ModelCallTimer(request)
+
+
+class _ModelCallTimer:
+    """Times the one model call of a cell; a cell that makes none (a violation, a resumed
+    cell) never asks for the benchmark fixture, which pytest-benchmark would warn about."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.request = request
+        self.timed = False
+
+    def __call__(self, call: Callable[[], Any]) -> Any:
+        benchmark = self.request.getfixturevalue("benchmark")
         completion = benchmark.pedantic(call, rounds=1, iterations=1)
         benchmark.extra_info["output_tokens"] = completion.completion_tokens
+        self.timed = True
         return completion
-
-    return timer

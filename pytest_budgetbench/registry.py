@@ -1,7 +1,9 @@
 """Name -> class lookup shared by strategies and tasks.
 
 A name resolves, in order, to a built-in, to an entry point of the registry's group, or,
-when it contains a colon, to ``module:attr`` imported directly.
+when it contains a colon, to ``module:attr`` imported directly. A registry may also take
+*patterns*: a name ``<prefix><suffix>`` (e.g. ``budgetmem@0.1``) resolves to what the
+factory ``module:attr`` registered for the prefix returns for the suffix.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ T = TypeVar("T")
 
 class Registry(Generic[T]):
     def __init__(
-        self, kind: str, option: str, group: str, base: type[Any], builtin: dict[str, str]
+        self,
+        kind: str,
+        option: str,
+        group: str,
+        base: type[Any],
+        builtin: dict[str, str],
+        patterns: dict[str, str] | None = None,
     ) -> None:
         # ``base`` is an abstract class, which mypy will not accept as ``type[T]``.
         self.kind = kind
@@ -25,6 +33,7 @@ class Registry(Generic[T]):
         self.group = group
         self.base = base
         self.builtin = builtin
+        self.patterns = patterns or {}
 
     def available(self) -> dict[str, str]:
         """Every selectable name, mapped to its ``module:attr``."""
@@ -37,10 +46,17 @@ class Registry(Generic[T]):
         known = self.available()
         target = spec if ":" in spec else known.get(spec)
         if target is None:
+            pattern = self._pattern(spec)
+            if pattern is not None:
+                return self._check(spec, pattern)
+            listed = [*sorted(known), *(f"{prefix}<...>" for prefix in sorted(self.patterns))]
             raise ConfigError(
                 f"unknown {self.kind} '{spec}' in {self.option}; "
-                f"known: {', '.join(sorted(known))}, or give module:attr"
+                f"known: {', '.join(listed)}, or give module:attr"
             )
+        return self._check(spec, self._import(target))
+
+    def _import(self, target: str) -> object:
         module_name, _, attr = target.partition(":")
         try:
             obj: object = importlib.import_module(module_name)
@@ -48,6 +64,18 @@ class Registry(Generic[T]):
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"cannot import {self.kind} '{target}': {exc}") from exc
+        return obj
+
+    def _pattern(self, spec: str) -> object | None:
+        """What a pattern's factory makes of ``spec``, or None when no prefix matches."""
+        for prefix, factory in self.patterns.items():
+            if spec.startswith(prefix) and len(spec) > len(prefix):
+                make = self._import(factory)
+                assert callable(make)
+                return make(spec[len(prefix):])
+        return None
+
+    def _check(self, spec: str, obj: object) -> type[T]:
         if not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise ConfigError(
                 f"{self.kind} '{spec}' must be a {self.base.__name__} subclass "

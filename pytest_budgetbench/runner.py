@@ -363,6 +363,7 @@ def make_task(name: str, settings: Settings) -> Task:
         items=settings.items,
         data_path=Path(data) if data else None,
         chunk_tokens=settings.chunk_tokens,
-        extra={"history_tokens": settings.memory_history},
+        extra={"history_tokens": settings.memory_history,
+               "locomo_samples": settings.locomo_samples},
     )
     return cls(options)

@@ -245,7 +245,7 @@ class BudgetBenchSession:
             self.endpoint,
             self.store,
             self.run_id,
-            tokens=make_counter(settings, self.endpoint),
+            tokens=make_counter(settings.tokenizer, self.endpoint, settings.api_key),
             chat=self._chat(self.endpoint),
             embedder_factory=self._embedder_factory(),
             aux_chats={name: self._chat(e) for name, e in self.aux_endpoints.items()},
@@ -361,11 +361,10 @@ def shard_cells(
     return [c for c in cells if positions[(c.task, c.item_index)] % count == index - 1]
 
 
-def make_counter(settings: Settings, endpoint: Endpoint) -> Any:
-    """The token counter ``--budgetbench-tokenizer`` asks for."""
+def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) -> Any:
+    """The token counter ``--budgetbench-tokenizer=choice`` asks for."""
     from pytest_budgetbench import budget
 
-    choice = settings.tokenizer
     if choice == "approx":
         return budget.ApproxCounter()
     if choice.startswith("hf:"):
@@ -373,11 +372,11 @@ def make_counter(settings: Settings, endpoint: Endpoint) -> Any:
     if choice.startswith("gguf:"):
         return budget.GGUFCounter(choice[len("gguf:"):])
     if choice == "server":
-        return budget.ServerCounter(endpoint.base_url, endpoint.model, settings.api_key)
+        return budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
     # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
     if endpoint.gguf_path:
         return budget.GGUFCounter(endpoint.gguf_path)
-    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, settings.api_key)
+    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
     try:
         counter.count_text("probe")
     except TokenizerError as exc:

@@ -94,6 +94,7 @@ def test_resume_keeps_recorded_cells_and_reruns_errors_into_the_same_run(
     # The summary counts each cell once: the superseded error rows are not items.
     counts = re.findall(r" (?:1024|8192) +(\d+) ", result.stdout.str())
     assert counts == ["3"] * 4
+    assert "Benchmark fixture was not used" not in result.stdout.str()
     assert runs_in(tmp_path) == [run]
     # Only the two errored cells ran; one of them (truncation@8192 of item 0, whose prompt
     # is full_context@8192's) found its reply in the cache.

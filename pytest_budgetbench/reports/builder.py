@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.reports import load, render, report_json, tables
+from pytest_budgetbench.reports import load, render, report_json, tables, tiers
 from pytest_budgetbench.reports.plots import Plot, write_plots
 from pytest_budgetbench.reports.stats import CONFIDENCE, DEFAULT_RESAMPLES
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 SUMMARY_CSV = "summary.csv"
 PAIRED_CSV = "paired.csv"
 CATEGORIES_CSV = "categories.csv"
+TIERS_CSV = "tiers.csv"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -58,6 +59,8 @@ class Report:
     plots: list[Plot] = field(default_factory=list)
     paths: dict[str, Path] = field(default_factory=dict)
     document: dict[str, Any] = field(default_factory=dict)
+    tiers: pd.DataFrame | None = None
+    """BudgetMem tier-selection ratios per module (empty without BudgetMem cells)."""
 
 
 def build_report(
@@ -88,7 +91,8 @@ def build_report(
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)
-    report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories)
+    report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
+                    tiers=tiers.tier_table(rows))
     _write(report, with_plots=plots)
     return report
 
@@ -101,6 +105,9 @@ def _write(report: Report, *, with_plots: bool) -> None:
                         (CATEGORIES_CSV, report.categories)):
         paths[name.removesuffix(".csv")] = out / name
         table.to_csv(out / name, index=False)
+    if report.tiers is not None and not report.tiers.empty:
+        paths["tiers"] = out / TIERS_CSV
+        report.tiers.to_csv(paths["tiers"], index=False)
     if with_plots:
         report.plots = write_plots(report.summary, out / PLOTS_DIR)
         if report.plots:
@@ -130,6 +137,7 @@ def _document(report: Report) -> dict[str, Any]:
         "summary": report_json.records(report.summary),
         "paired": report_json.records(report.paired),
         "categories": report_json.records(report.categories),
+        "tiers": [] if report.tiers is None else report_json.records(report.tiers),
         "items": report_json.item_cells(report.items),
         "plots": [
             {"kind": p.kind, "task": p.task, "title": p.title,
@@ -158,20 +166,27 @@ def _view(report: Report) -> render.Document:
         ("bootstrap", f"{report.settings.resamples} resamples, seed {report.settings.seed}, "
                       "percentile 95% intervals over items (repeats averaged per item)"),
     ]
+    sections = [
+        ("Summary", "Quality is averaged over admitted items; violation rate is "
+         "violations / (admitted + violations). Tokens and model latency cover admitted "
+         "prompts.", render.view(report.summary, render.SUMMARY_VIEW)),
+        ("Paired against the reference", "Deltas over items admitted and scored in both "
+         "cells; excluded counts show the items each side lost, and the reference's "
+         "quality on the items this cell lost to violations.",
+         render.view(report.paired, render.PAIRED_VIEW)),
+        ("Categories", "The same statistics per item category.",
+         render.view(report.categories, render.CATEGORY_VIEW)),
+    ]
+    if report.tiers is not None and not report.tiers.empty:
+        sections.append(
+            ("BudgetMem tier selection", "Share of cells that ran each module at each tier, "
+             "with the module's mean compute seconds (heuristic and embedding tiers included) "
+             "and auxiliary tokens (input + output).",
+             render.view(report.tiers, tiers.TIER_VIEW)))
     return render.Document(
         title="budgetbench report",
         facts=facts,
-        sections=[
-            ("Summary", "Quality is averaged over admitted items; violation rate is "
-             "violations / (admitted + violations). Tokens and model latency cover admitted "
-             "prompts.", render.view(report.summary, render.SUMMARY_VIEW)),
-            ("Paired against the reference", "Deltas over items admitted and scored in both "
-             "cells; excluded counts show the items each side lost, and the reference's "
-             "quality on the items this cell lost to violations.",
-             render.view(report.paired, render.PAIRED_VIEW)),
-            ("Categories", "The same statistics per item category.",
-             render.view(report.categories, render.CATEGORY_VIEW)),
-        ],
+        sections=sections,
         plots=report.plots,
         errors=render.error_lines(rows),
     )

@@ -43,8 +43,14 @@ def safe_name(text: str, index: int) -> str:
     return f"{index:02d}_{slug}"
 
 
+COST_PARETO_PREFIX = "budgetmem"
+"""Tasks with strategies named so (BudgetMem) get the quality-vs-processing-cost plot."""
+
+
 def write_plots(summary: pd.DataFrame, out_dir: Path) -> list[Plot]:
-    """Quality against tokens and against latency, and a violation heatmap, per task."""
+    """Quality against tokens and against latency, and a violation heatmap, per task; for
+    tasks with BudgetMem strategies also quality against processing cost (prompt plus
+    auxiliary tokens), where the modules' auxiliary calls show."""
     if summary.empty:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +62,22 @@ def write_plots(summary: pd.DataFrame, out_dir: Path) -> list[Plot]:
         plots.append(_tradeoff(cells, str(task), "latency_s_p50", "median latency (s)",
                                out_dir / f"{stem}_quality_latency.png", "quality_latency"))
         plots.append(_heatmap(cells, str(task), out_dir / f"{stem}_violations.png"))
+        if cells["strategy"].astype(str).str.startswith(COST_PARETO_PREFIX).any():
+            plots.append(_tradeoff(with_processing_tokens(cells), str(task),
+                                   "processing_tokens_mean",
+                                   "mean tokens processed per cell (prompt + auxiliary in/out)",
+                                   out_dir / f"{stem}_quality_cost.png", "quality_cost"))
     return plots
+
+
+def with_processing_tokens(cells: pd.DataFrame) -> pd.DataFrame:
+    """``cells`` with ``processing_tokens_mean``: the prompt's tokens plus the auxiliary
+    calls' input and output tokens (none counts as zero), per cell on average."""
+    out = cells.copy()
+    aux = [out[c].fillna(0.0) for c in ("aux_input_tokens_mean", "aux_output_tokens_mean")
+           if c in out]
+    out["processing_tokens_mean"] = out["tokens_mean"] + sum(aux, 0.0 * out["tokens_mean"])
+    return out
 
 
 def _tradeoff(

@@ -37,7 +37,13 @@ REGISTRY: Registry[Strategy] = Registry(
         "summary_buffer": "pytest_budgetbench.strategies.summary_buffer:SummaryBuffer",
         "checkpoint_context": "pytest_budgetbench.strategies.checkpoint_context:CheckpointContext",
         "compression": "pytest_budgetbench.strategies.compression:Compression",
+        "budgetmem_low": "pytest_budgetbench.strategies.budgetmem.strategies:BudgetMemLow",
+        "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategies:BudgetMemMid",
+        "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategies:BudgetMemHigh",
+        "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategies:BudgetMemRandom",
     },
+    # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
+    patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
 )
 
 

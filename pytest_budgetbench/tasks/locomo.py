@@ -11,6 +11,11 @@ final user message is upstream's short-answer QA prompt; temporal questions ask 
 approximate date from the session dates, and adversarial questions offer upstream's two
 options ("Not mentioned in the conversation" and the adversarial answer) in a seeded order.
 
+Split (``--budgetbench-locomo-samples``, env ``BUDGETBENCH_LOCOMO_SAMPLES``, passed as
+``TaskOptions.extra["locomo_samples"]``): ``first`` (the first conversation: BudgetMem's router
+training split), ``rest`` (every other one: its evaluation split), ``all`` (the default),
+or comma-separated sample ids. Items are numbered as in the whole file either way.
+
 Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
 (3), ``single-hop`` (4), ``adversarial`` (5).
 
@@ -29,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import document_messages, short_answer, stemmed_tokens, token_f1
@@ -89,13 +95,34 @@ class LoCoMoTask(Task):
         samples = records(self.name, path, read_json(self.name, path, "locomo10.json"),
                           "locomo10.json")
         items: list[Item] = []
+        chosen = self._split(path, samples)
         for index, sample in enumerate(samples):
             require(self.name, path, sample, index, ("sample_id", "conversation", "qa"),
                     key="sample_id")
+            if index not in chosen:
+                continue
             history = self._history(path, sample)
             for q_index, qa in enumerate(sample["qa"]):
                 items.append(self._item(path, sample, history, q_index, qa))
         return items
+
+    def _split(self, path: Path, samples: list[Any]) -> set[int]:
+        """Indices of the samples the split selects (see the module docstring)."""
+        split = str(self.options.extra.get("locomo_samples") or "all").strip()
+        if split == "all":
+            return set(range(len(samples)))
+        if split == "first":
+            return {0}
+        if split == "rest":
+            return set(range(1, len(samples)))
+        wanted = {s.strip() for s in split.split(",") if s.strip()}
+        ids = [str(s.get("sample_id")) if isinstance(s, dict) else "" for s in samples]
+        unknown = wanted - set(ids)
+        if unknown:
+            raise ConfigError(f"locomo split {split!r} names unknown sample ids "
+                              f"{', '.join(sorted(unknown))} in {path} (known: "
+                              f"{', '.join(ids)}; or first, rest, all)")
+        return {i for i, sample_id in enumerate(ids) if sample_id in wanted}
 
     def _history(self, path: Path, sample: dict[str, Any]) -> tuple[Message, ...]:
         conversation = sample["conversation"]

@@ -1,0 +1,304 @@
+"""The five BudgetMem modules, each at three tiers.
+
+On the implementation axis LOW is a heuristic, MID uses embeddings, HIGH asks the
+auxiliary model; on the reasoning and capacity axes every tier asks the model (the
+services pick the prompt style or the model by tier). Every module writes into the
+:class:`~pytest_budgetbench.strategies.budgetmem.pipeline.State`:
+
+- ``filter`` sets ``kept``: LOW keeps passages sharing at least half as many question
+  keywords as the best one; MID keeps those within ``MID_MARGIN`` cosine of the most
+  similar; HIGH asks which passage numbers matter. None kept means all kept: a filter
+  that removes everything leaves the summary nothing to work with.
+- ``entity``, ``temporal``, ``topic`` write one note each: capitalised names and the
+  sentences naming them; date expressions and their sentences; recurring keywords, or
+  clusters of similar passages (MID); or the model's lines.
+- ``summary`` sets ``summary`` within the room the budget leaves: LOW concatenates notes
+  and kept passages, MID writes a template of the sentences most similar to the question
+  plus the notes, HIGH asks for facts and reasoning steps, not the answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from pytest_budgetbench.strategies.budgetmem.pipeline import (
+    Passage,
+    Services,
+    State,
+    cosine,
+)
+from pytest_budgetbench.strategies.budgetmem.tiers import Tier
+
+ModuleRunner = Callable[[State, Tier, Services, int], None]
+
+MID_MARGIN = 0.15  # MID filter: keep passages this close (cosine) to the best one
+CLUSTER_SIMILARITY = 0.5  # MID topic: passages this similar share a topic
+NOTE_LINES = 6  # lines per relation note
+NOTE_TOKENS = 96  # the most a relation note (any tier) may take
+FILTER_REPLY_TOKENS = 24
+SUMMARY_REPLY_TOKENS = 192
+
+_STOP_TEXT = (
+    "a an the and or but if of to in on at by for with from as is are was were be been "
+    "being do does did have has had i you he she it we they me him her us them my your his "
+    "its our their this that these those what which who whom when where why how not no yes "
+    "so than then there here about into over after before up down out just also very can "
+    "could would should will shall may might must said say says like get got one two some "
+    "any all more most other such only own same too s t don now based above context write "
+    "answer form short phrase following question exact words whenever possible use date "
+    "conversation approximate"
+)
+# Task prompt words (LoCoMo's "Answer with exact words ...") are stop words here too.
+STOPWORDS = frozenset(_STOP_TEXT.split())
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_MONTHS = ("january|february|march|april|may|june|july|august|september|october|november|"
+           "december|jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec")
+_TIME = re.compile(
+    rf"\b(?:\d{{1,2}}\s+(?:{_MONTHS})\b(?:,?\s+\d{{4}})?|(?:{_MONTHS})\s+\d{{1,2}}(?:,?\s+\d{{4}})?"
+    r"|\d{4}-\d{2}-\d{2}|(?:19|20)\d{2}|yesterday|today|tomorrow|tonight|ago"
+    r"|(?:last|next|this)\s+(?:week|month|year|weekend|monday|tuesday|wednesday|thursday|"
+    r"friday|saturday|sunday)|\d{1,2}:\d{2}\s*(?:am|pm)?)\b",
+    re.IGNORECASE,
+)
+_NOT_NAMES = frozenset({"I", "The", "A", "An", "And", "But", "So", "It", "This", "That",
+                        "DATE", "Date", "Question", "Passages", "Session", "Oh", "Yes", "No",
+                        "Hey", "Hi", "Thanks", "Wow", "What", "When", "Where", "Why", "How",
+                        "Who", "My", "We", "You", "He", "She", "They", "Our", "Your"})
+
+
+def keywords(text: str) -> list[str]:
+    return [w for w in (m.group().lower() for m in _WORD.finditer(text)) if w not in STOPWORDS]
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+
+
+def numbered(passages: Sequence[Passage]) -> str:
+    return "\n".join(f"[{i}] {p.text}" for i, p in enumerate(passages, start=1))
+
+
+# -- filter ----------------------------------------------------------------------------------
+FILTER_INSTRUCTION = ("Which passages help answer the question? Reply with their numbers only, "
+                      "e.g. 1, 3.")
+
+
+def run_filter(state: State, tier: Tier, services: Services, _room: int) -> None:
+    passages = state.passages
+    if not passages:
+        state.kept = []
+        return
+    if not services.uses_llm(tier):
+        kept = _filter_keywords(state) if tier == Tier.LOW else _filter_embeddings(state)
+    else:
+        reply = services.ask("filter", tier, FILTER_INSTRUCTION, numbered(passages),
+                             FILTER_REPLY_TOKENS)
+        chosen = {int(n) for n in re.findall(r"\d+", reply)}
+        kept = [p for i, p in enumerate(passages, start=1) if i in chosen]
+    state.kept = kept or list(passages)
+
+
+def _filter_keywords(state: State) -> list[Passage]:
+    wanted = set(keywords(state.question))
+    scores = [len(wanted & set(keywords(p.text))) for p in state.passages]
+    best = max(scores, default=0)
+    if best == 0:
+        return []
+    return [p for p, s in zip(state.passages, scores, strict=True) if 2 * s >= best]
+
+
+def _filter_embeddings(state: State) -> list[Passage]:
+    sims = [cosine(p.vector, state.query_vector) for p in state.passages]
+    best = max(sims)
+    return [p for p, s in zip(state.passages, sims, strict=True) if s >= best - MID_MARGIN]
+
+
+# -- relations --------------------------------------------------------------------------------
+ENTITY_INSTRUCTION = ("List the people, places and things in the passages that matter for the "
+                      "question and how they relate, one 'A - relation - B' per line.")
+TEMPORAL_INSTRUCTION = ("List the events in the passages that bear on the question with their "
+                        "dates, oldest first, one 'date: event' per line.")
+TOPIC_INSTRUCTION = ("Name the topics of the passages that bear on the question, one per line, "
+                     "with what is said about each.")
+
+
+def run_entity(state: State, tier: Tier, services: Services, _room: int) -> None:
+    if services.uses_llm(tier):
+        note = services.ask("entity", tier, ENTITY_INSTRUCTION, numbered(state.kept),
+                            NOTE_TOKENS)
+    else:
+        note = _entity_note(state, services, by_embedding=tier == Tier.MID)
+    state.notes["entity"] = services.clip(note, NOTE_TOKENS)
+
+
+def _entity_note(state: State, services: Services, *, by_embedding: bool) -> str:
+    counts: Counter[str] = Counter()
+    for passage in state.kept:
+        counts.update(names_in(passage.text))
+    asked = set(names_in(state.question)) | set(_NAME.findall(state.question))
+    names = sorted(counts, key=lambda n: (n not in asked, -counts[n], n))[:NOTE_LINES]
+    if not names:
+        return ""
+    lines = [f"Entities: {', '.join(names)}"]
+    all_sentences = [s for p in state.kept for s in sentences(p.text)]
+    for name in names:
+        mentions = [s for s in all_sentences if name in s]
+        if mentions:
+            lines.append(f"{name}: {_best(mentions, state, services, by_embedding)}")
+    return "\n".join(lines)
+
+
+def names_in(text: str) -> list[str]:
+    """Capitalised word runs that are names, not words capitalised for starting a sentence:
+    a run counts when it appears mid-sentence somewhere in ``text`` or speaks ("X said")."""
+    found: list[str] = []
+    proper: set[str] = set()
+    for match in _NAME.finditer(text):
+        name = match.group()
+        if name in _NOT_NAMES:
+            continue
+        found.append(name)
+        before = text[: match.start()].rstrip()
+        if (before and before[-1] not in ".!?:\n\"'[(") or text.startswith(
+                " said", match.end()):
+            proper.add(name)
+    return [name for name in found if name in proper]
+
+
+def _best(candidates: list[str], state: State, services: Services, by_embedding: bool) -> str:
+    """The candidate most related to the question: by cosine (MID) or keyword overlap."""
+    if by_embedding:
+        vectors = services.embed(candidates)
+        scores = [cosine(v, state.query_vector) for v in vectors]
+    else:
+        wanted = set(keywords(state.question))
+        scores = [float(len(wanted & set(keywords(c)))) for c in candidates]
+    return candidates[max(range(len(candidates)), key=lambda i: (scores[i], -i))]
+
+
+def run_temporal(state: State, tier: Tier, services: Services, _room: int) -> None:
+    if services.uses_llm(tier):
+        note = services.ask("temporal", tier, TEMPORAL_INSTRUCTION, numbered(state.kept),
+                            NOTE_TOKENS)
+    else:
+        note = _temporal_note(state, services, by_embedding=tier == Tier.MID)
+    state.notes["temporal"] = services.clip(note, NOTE_TOKENS)
+
+
+def _temporal_note(state: State, services: Services, *, by_embedding: bool) -> str:
+    dated: list[tuple[str, str]] = []  # (the passage's date line, a sentence with a time)
+    for passage in state.kept:
+        when = _date_line(passage.text)
+        for sentence in sentences(passage.text):
+            if _TIME.search(sentence) and sentence != when:
+                dated.append((when, sentence))
+    if not dated:
+        return ""
+    if by_embedding:
+        vectors = services.embed([s for _w, s in dated])
+        order = sorted(range(len(dated)),
+                       key=lambda i: (-cosine(vectors[i], state.query_vector), i))
+        dated = [dated[i] for i in sorted(order[:NOTE_LINES])]
+    else:
+        dated = dated[:NOTE_LINES]
+    return "\n".join(f"{when or 'undated'}: {sentence}" for when, sentence in dated)
+
+
+def _date_line(text: str) -> str:
+    first = text.lstrip("[").split("\n", 1)[0].split("]", 1)[0].strip()
+    return first if _TIME.search(first) else ""
+
+
+def run_topic(state: State, tier: Tier, services: Services, _room: int) -> None:
+    if services.uses_llm(tier):
+        note = services.ask("topic", tier, TOPIC_INSTRUCTION, numbered(state.kept), NOTE_TOKENS)
+    elif tier == Tier.LOW:
+        counts = Counter(w for p in state.kept for w in keywords(p.text) if not w.isdigit())
+        top = [w for w, _n in counts.most_common(8)]
+        note = f"Topics: {', '.join(top)}" if top else ""
+    else:
+        note = _topic_clusters(state)
+    state.notes["topic"] = services.clip(note, NOTE_TOKENS)
+
+
+def _topic_clusters(state: State) -> str:
+    """Passages grouped greedily by cosine similarity, each group named by its keywords."""
+    clusters: list[list[int]] = []
+    for index, passage in enumerate(state.kept):
+        for cluster in clusters:
+            if cosine(state.kept[cluster[0]].vector, passage.vector) >= CLUSTER_SIMILARITY:
+                cluster.append(index)
+                break
+        else:
+            clusters.append([index])
+    lines = []
+    for cluster in clusters[:NOTE_LINES]:
+        counts = Counter(w for i in cluster for w in keywords(state.kept[i].text)
+                         if not w.isdigit())
+        names = ", ".join(w for w, _n in counts.most_common(4))
+        members = ", ".join(str(i + 1) for i in cluster)
+        lines.append(f"Topic ({names}): passages {members}")
+    return "\n".join(lines)
+
+
+# -- summary ----------------------------------------------------------------------------------
+SUMMARY_INSTRUCTION = (
+    "Write a knowledge summary for the question: the relevant facts from the passages, with "
+    "their dates, and the reasoning steps that connect them. Do not answer the question."
+)
+
+
+def notes_text(state: State) -> str:
+    return "\n".join(note for note in (state.notes.get(m, "") for m in
+                                       ("entity", "temporal", "topic")) if note)
+
+
+def run_summary(state: State, tier: Tier, services: Services, room: int) -> None:
+    if room <= 0:
+        state.summary = ""
+        return
+    notes = notes_text(state)
+    passages = "\n\n".join(p.text for p in state.kept)
+    if services.uses_llm(tier):
+        material = "\n\n".join(part for part in (notes, passages) if part)
+        summary = services.ask("summary", tier, SUMMARY_INSTRUCTION, material,
+                               min(room, SUMMARY_REPLY_TOKENS))
+    elif tier == Tier.LOW:
+        summary = "\n\n".join(part for part in (notes, passages) if part)
+    else:
+        summary = _template_summary(state, services, notes, room)
+    state.summary = services.clip(summary, room)
+
+
+def _template_summary(state: State, services: Services, notes: str, room: int) -> str:
+    """The kept sentences most similar to the question, best first, then the notes."""
+    candidates = list(dict.fromkeys(s for p in state.kept for s in sentences(p.text)))
+    vectors = services.embed(candidates)
+    order = sorted(range(len(candidates)),
+                   key=lambda i: (-cosine(vectors[i], state.query_vector), i))
+    notes_tokens = services.tokens.count_text(notes) if notes else 0
+    left = room - notes_tokens - 8
+    facts: list[str] = []
+    for index in order:
+        cost = services.tokens.count_text(candidates[index]) + 2
+        if cost > left:
+            continue
+        facts.append(f"- {candidates[index]}")
+        left -= cost
+    parts = ["Relevant facts:\n" + "\n".join(facts)] if facts else []
+    if notes:
+        parts.append("Relations:\n" + notes)
+    return "\n\n".join(parts)
+
+
+MODULE_RUNNERS: dict[str, ModuleRunner] = {
+    "filter": run_filter,
+    "entity": run_entity,
+    "temporal": run_temporal,
+    "topic": run_topic,
+    "summary": run_summary,
+}
