@@ -18,13 +18,13 @@ EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def _rate(text: str) -> float:
-    value = _non_negative(text)
+    value = non_negative(text)
     if value > 1.0:
         raise argparse.ArgumentTypeError(f"expected a rate between 0 and 1, got {text}")
     return value
 
 
-def _non_negative(text: str) -> float:
+def non_negative(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -34,7 +34,7 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -61,13 +61,13 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--reference", metavar="STRATEGY@BUDGET",
                         help="the cell to pair against (default: full_context at its largest "
                         "budget; a bare strategy means its largest budget)")
-    parser.add_argument("--resamples", type=_positive_int, default=2000, metavar="N",
+    parser.add_argument("--resamples", type=positive_int, default=2000, metavar="N",
                         help="bootstrap resamples per interval (default: 2000)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="bootstrap seed (default: 0)")
-    parser.add_argument("--price-in", type=_non_negative, metavar="USD",
+    parser.add_argument("--price-in", type=non_negative, metavar="USD",
                         help="USD per million input tokens (with --price-out)")
-    parser.add_argument("--price-out", type=_non_negative, metavar="USD",
+    parser.add_argument("--price-out", type=non_negative, metavar="USD",
                         help="USD per million output tokens (with --price-in)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     gates = parser.add_argument_group("gates")
@@ -76,7 +76,7 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
                        "exceeds R")
     gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
                        help="a previous report.json to compare against")
-    gates.add_argument("--max-regression", type=_non_negative, default=0.0, metavar="D",
+    gates.add_argument("--max-regression", type=non_negative, default=0.0, metavar="D",
                        help="with --baseline: the quality drop tolerated before a significant "
                        "fall fails (default: 0)")
     parser.set_defaults(handler=run_report)

@@ -287,5 +287,7 @@ def test_train_router_command_trains_and_resumes(
 
 
 def test_train_router_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["train-router", "--episodes", "0"]) == 2
-    assert "--episodes must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train-router", "--episodes", "0"])
+    assert exit_info.value.code == 2
+    assert "--episodes: expected a positive integer, got 0" in capsys.readouterr().err

@@ -32,6 +32,8 @@ from pytest_budgetbench.strategies.budgetmem.pipeline import (
 from pytest_budgetbench.strategies.budgetmem.tiers import Tier
 
 ModuleRunner = Callable[[State, Tier, Services, int], None]
+NoteMaker = Callable[[State, Services, Tier], str]
+"""A relation note written without the LLM: LOW (heuristic) or MID (embeddings)."""
 
 MID_MARGIN = 0.15  # MID filter: keep passages this close (cosine) to the best one
 CLUSTER_SIMILARITY = 0.5  # MID topic: passages this similar share a topic
@@ -126,16 +128,21 @@ TOPIC_INSTRUCTION = ("Name the topics of the passages that bear on the question,
                      "with what is said about each.")
 
 
-def run_entity(state: State, tier: Tier, services: Services, _room: int) -> None:
-    if services.uses_llm(tier):
-        note = services.ask("entity", tier, ENTITY_INSTRUCTION, numbered(state.kept),
-                            NOTE_TOKENS)
-    else:
-        note = _entity_note(state, services, by_embedding=tier == Tier.MID)
-    state.notes["entity"] = services.clip(note, NOTE_TOKENS)
+def _relation(kind: str, instruction: str, note_without_llm: NoteMaker) -> ModuleRunner:
+    """A relation module: the LLM writes the note at its tier, else ``note_without_llm``."""
+
+    def run(state: State, tier: Tier, services: Services, _room: int) -> None:
+        if services.uses_llm(tier):
+            note = services.ask(kind, tier, instruction, numbered(state.kept), NOTE_TOKENS)
+        else:
+            note = note_without_llm(state, services, tier)
+        state.notes[kind] = services.clip(note, NOTE_TOKENS)
+
+    return run
 
 
-def _entity_note(state: State, services: Services, *, by_embedding: bool) -> str:
+def _entity_note(state: State, services: Services, tier: Tier) -> str:
+    by_embedding = tier == Tier.MID
     counts: Counter[str] = Counter()
     for passage in state.kept:
         counts.update(names_in(passage.text))
@@ -180,16 +187,8 @@ def _best(candidates: list[str], state: State, services: Services, by_embedding:
     return candidates[max(range(len(candidates)), key=lambda i: (scores[i], -i))]
 
 
-def run_temporal(state: State, tier: Tier, services: Services, _room: int) -> None:
-    if services.uses_llm(tier):
-        note = services.ask("temporal", tier, TEMPORAL_INSTRUCTION, numbered(state.kept),
-                            NOTE_TOKENS)
-    else:
-        note = _temporal_note(state, services, by_embedding=tier == Tier.MID)
-    state.notes["temporal"] = services.clip(note, NOTE_TOKENS)
-
-
-def _temporal_note(state: State, services: Services, *, by_embedding: bool) -> str:
+def _temporal_note(state: State, services: Services, tier: Tier) -> str:
+    by_embedding = tier == Tier.MID
     dated: list[tuple[str, str]] = []  # (the passage's date line, a sentence with a time)
     for passage in state.kept:
         when = _date_line(passage.text)
@@ -213,16 +212,12 @@ def _date_line(text: str) -> str:
     return first if _TIME.search(first) else ""
 
 
-def run_topic(state: State, tier: Tier, services: Services, _room: int) -> None:
-    if services.uses_llm(tier):
-        note = services.ask("topic", tier, TOPIC_INSTRUCTION, numbered(state.kept), NOTE_TOKENS)
-    elif tier == Tier.LOW:
-        counts = Counter(w for p in state.kept for w in keywords(p.text) if not w.isdigit())
-        top = [w for w, _n in counts.most_common(8)]
-        note = f"Topics: {', '.join(top)}" if top else ""
-    else:
-        note = _topic_clusters(state)
-    state.notes["topic"] = services.clip(note, NOTE_TOKENS)
+def _topic_note(state: State, _services: Services, tier: Tier) -> str:
+    if tier == Tier.MID:
+        return _topic_clusters(state)
+    counts = Counter(w for p in state.kept for w in keywords(p.text) if not w.isdigit())
+    top = [w for w, _n in counts.most_common(8)]
+    return f"Topics: {', '.join(top)}" if top else ""
 
 
 def _topic_clusters(state: State) -> str:
@@ -297,8 +292,8 @@ def _template_summary(state: State, services: Services, notes: str, room: int) -
 
 MODULE_RUNNERS: dict[str, ModuleRunner] = {
     "filter": run_filter,
-    "entity": run_entity,
-    "temporal": run_temporal,
-    "topic": run_topic,
+    "entity": _relation("entity", ENTITY_INSTRUCTION, _entity_note),
+    "temporal": _relation("temporal", TEMPORAL_INSTRUCTION, _temporal_note),
+    "topic": _relation("topic", TOPIC_INSTRUCTION, _topic_note),
     "summary": run_summary,
 }

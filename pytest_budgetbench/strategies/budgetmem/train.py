@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_budgetbench.cli import non_negative, positive_int
 from pytest_budgetbench.errors import BudgetBenchError, ConfigError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import StrategyContext
@@ -444,27 +445,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default="first", metavar="SPLIT",
                         help="locomo conversations to train on: first (default), rest, all or "
                         "sample ids (conv-26,conv-30)")
-    parser.add_argument("--items", type=int, default=24, metavar="N",
+    parser.add_argument("--items", type=positive_int, default=24, metavar="N",
                         help="training queries (default 24)")
-    parser.add_argument("--episodes", type=int, default=48, metavar="N",
+    parser.add_argument("--episodes", type=positive_int, default=48, metavar="N",
                         help="total episodes, one query each (default 48)")
-    parser.add_argument("--batch", type=int, default=8, metavar="N",
+    parser.add_argument("--batch", type=positive_int, default=8, metavar="N",
                         help="episodes per PPO update (default 8)")
-    parser.add_argument("--epochs", type=int, default=4, metavar="N",
+    parser.add_argument("--epochs", type=positive_int, default=4, metavar="N",
                         help="PPO passes per update (default 4)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (3e-3)")
+    parser.add_argument("--lr", type=non_negative, default=3e-3, help="Adam learning rate (3e-3)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget", type=int, default=2048, metavar="TOKENS",
+    parser.add_argument("--budget", type=positive_int, default=2048, metavar="TOKENS",
                         help="cell budget during training (default 2048)")
     parser.add_argument("--cost", choices=COST_SIGNALS, default="tokens",
                         help="cost signal (default tokens: auxiliary input + output tokens)")
-    parser.add_argument("--price-in", type=float, default=0.0, metavar="USD",
+    parser.add_argument("--price-in", type=non_negative, default=0.0, metavar="USD",
                         help="USD per million input tokens, for --cost usd")
-    parser.add_argument("--price-out", type=float, default=0.0, metavar="USD",
+    parser.add_argument("--price-out", type=non_negative, default=0.0, metavar="USD",
                         help="USD per million output tokens, for --cost usd")
     parser.add_argument("--axis", choices=AXES, default="implementation",
                         help="tier axis (default implementation)")
-    parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K, metavar="K",
+    parser.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, metavar="K",
                         help=f"retrieved 256-token chunks (default {DEFAULT_TOP_K})")
     parser.add_argument("--endpoint", metavar="URL",
                         help="OpenAI-compatible endpoint (default: the embedded model)")
@@ -472,8 +473,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR")
     parser.add_argument("--tokenizer", default="auto",
                         help="token counting, as --budgetbench-tokenizer (default auto)")
-    parser.add_argument("--max-tokens", type=int, default=32, help="answer length (32)")
-    parser.add_argument("--threads", type=int, metavar="N",
+    parser.add_argument("--max-tokens", type=positive_int, default=32, help="answer length (32)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
                         help="CPU threads of the embedded server (default all cores)")
     parser.add_argument("--embedding-model", default="all-MiniLM-L6-v2", metavar="NAME")
     parser.add_argument("--cache", default="", metavar="PATH",
@@ -484,11 +485,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_train_router(args: argparse.Namespace) -> int:
     """The handler of ``budgetbench train-router``."""
-    for name in ("items", "episodes", "batch", "epochs", "budget", "top_k", "max_tokens"):
-        if getattr(args, name) < 1:
-            print(f"budgetbench: error: --{name.replace('_', '-')} must be positive",
-                  file=sys.stderr)
-            return 2
     started = time.perf_counter()
     # A plain kill must still stop the embedded server (the finally below).
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
