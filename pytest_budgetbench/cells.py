@@ -11,6 +11,18 @@ def _id_part(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.@]+", "_", text).strip("_") or "x"
 
 
+def split_reference(text: str) -> tuple[str, int | None]:
+    """``strategy@budget`` -> (strategy, budget); a strategy alone -> (strategy, None).
+
+    The budget is what follows the last ``@`` when it is a count, so strategy names with
+    an ``@`` of their own work: ``budgetmem@0.1`` and ``budgetmem@0.1@2048``.
+    """
+    strategy, sep, budget = text.strip().rpartition("@")
+    if sep and budget.isascii() and budget.isdigit():
+        return strategy, int(budget)
+    return text.strip(), None
+
+
 @dataclass(frozen=True)
 class Cell:
     task: str

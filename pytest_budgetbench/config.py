@@ -118,8 +118,10 @@ def _chunk_size(raw: str) -> str:
 
 
 def _reference(raw: str) -> str:
-    name, at, budget = raw.partition("@")
-    if not name or (at and not _is_count(budget)):
+    from pytest_budgetbench.cells import split_reference
+
+    name, _budget = split_reference(raw)
+    if not name or name.startswith("@") or name.endswith("@"):
         raise ConfigError(
             f"--budgetbench-reference must be strategy@budget, e.g. full_context@8192 "
             f"(got {raw!r})"

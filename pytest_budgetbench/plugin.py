@@ -59,10 +59,18 @@ def _check_names(settings: Settings) -> None:
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
     from pytest_budgetbench.tasks import REGISTRY as TASKS
 
-    for name in settings.strategies:
-        STRATEGIES.resolve(name)
+    names = {spec: STRATEGIES.resolve(spec).name or spec for spec in settings.strategies}
     for name in settings.tasks:
         TASKS.resolve(name)
+    if settings.reference:
+        from pytest_budgetbench.cells import split_reference
+
+        strategy, _budget = split_reference(settings.reference)
+        if strategy not in {*names, *names.values()}:
+            raise ConfigError(
+                f"--budgetbench-reference={settings.reference} names no strategy of this "
+                f"sweep; use one of {', '.join(sorted(set(names.values())))} (strategy@budget)"
+            )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -114,7 +114,7 @@ def test_name_lists_are_split_and_stripped() -> None:
         ("max_violation_rate", "lots"),
         ("temperature", "-1"),
         ("rag_chunk", "0"),
-        ("reference", "full_context@abc"),
+        ("reference", "@8192"),
         ("reference", "@8192"),
     ],
 )

@@ -256,6 +256,7 @@ def test_bad_reference_is_a_value_error(tmp_path: Path) -> None:
 
 def test_reference_parse() -> None:
     assert tables.Reference.parse("a@b@12") == tables.Reference("a@b", 12)
+    assert tables.Reference.parse("budgetmem@0.1") == tables.Reference("budgetmem@0.1", None)
     assert tables.Reference.parse(None) == tables.Reference()
 
 

@@ -57,7 +57,8 @@ def test_named_aux_models_options_and_info_reach_the_row(
      ("--budgetbench-strategy-options=a=1,,b=2", "must be KEY=VALUE pairs"),
      ("--budgetbench-shard=3/2", "must be i/n with 1 <= i <= n"),
      ("--budgetbench-cache=maybe", "must be one of on|off|refresh"),
-     ("--budgetbench-concurrency=0", "must be a positive integer")],
+     ("--budgetbench-concurrency=0", "must be a positive integer"),
+     ("--budgetbench-reference=truncation@abc", "names no strategy of this sweep")],
 )
 def test_bad_values_are_one_line_usage_errors(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path, option: str,

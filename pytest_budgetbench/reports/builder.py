@@ -86,6 +86,11 @@ def build_report(
     ref = tables.Reference.parse(reference)
     run_dirs = [Path(p) for p in run_dirs]
     rows = load.load(run_dirs)
+    if ref.strategy is not None and not rows.empty and not (rows["strategy"] == ref.strategy).any():
+        raise ValueError(
+            f"reference {reference!r} names no strategy in these records; "
+            f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
+        )
     items = tables.item_table(rows)
     summary = tables.summary_table(rows, items, resamples=resamples, seed=seed, prices=prices)
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)

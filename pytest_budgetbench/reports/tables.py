@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_budgetbench.cells import split_reference
 from pytest_budgetbench.reports.stats import (
     bootstrap_ci,
     cell_rng,
@@ -56,15 +57,10 @@ class Reference:
     def parse(cls, text: str | None) -> Reference:
         if text is None or not text.strip():
             return cls()
-        strategy, sep, budget = text.strip().rpartition("@")
-        if not sep:
-            return cls(strategy=budget)
-        if not strategy:
+        strategy, budget = split_reference(text)
+        if not strategy or strategy.startswith("@") or strategy.endswith("@"):
             raise ValueError(f"reference {text!r} names no strategy (expected strategy@budget)")
-        try:
-            return cls(strategy=strategy, budget=int(budget))
-        except ValueError:
-            raise ValueError(f"reference {text!r}: budget {budget!r} is not an integer") from None
+        return cls(strategy=strategy, budget=budget)
 
     def resolve(self, task_items: pd.DataFrame) -> tuple[str, int] | None:
         """The (strategy, budget) of the reference in one task, or None if it did not run."""
