@@ -173,9 +173,6 @@ class ResponseStore:
         with self._transaction() as db:
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
-    def count(self) -> int:
-        return int(self._db().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
-
 
 class CachingChatModel:
     """A chat model whose identical requests are sent once; replies say where they came from.

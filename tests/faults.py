@@ -121,7 +121,7 @@ def run_dir_of(out: Path) -> Path:
     return run_dir
 
 
-def tally(scenario: str, fake: FakeOpenAI, run_dir: Path | None, expected: set[str],
+def tally(scenario: str, faults_injected: int, run_dir: Path | None, expected: set[str],
           exit_code: int, wall_s: float) -> FaultTally:
     rows = _rows(run_dir / "cells.jsonl") if run_dir else []
     prompts = _prompts(run_dir / "prompts.jsonl") if run_dir else {}
@@ -134,7 +134,7 @@ def tally(scenario: str, fake: FakeOpenAI, run_dir: Path | None, expected: set[s
     ]
     return FaultTally(
         scenario=scenario,
-        faults_injected=len(fake.injected),
+        faults_injected=faults_injected,
         cells=len(expected),
         completed=len(final),
         errored=sum(1 for status in last_status.values() if status == "error"),
@@ -175,12 +175,14 @@ def transient_faults(workdir: Path, items: int = 6, rate: float = 0.3) -> list[F
                                 "--budgetbench-timeout=0.5")
         started = time.monotonic()
         code = run_sweep(workdir, command)
-        first = tally("faults injected", fake, run_dir_of(out), expected_cells(items), code,
+        first = tally("faults injected", len(fake.injected), run_dir_of(out),
+                      expected_cells(items), code,
                       time.monotonic() - started)
         fake.inject(0.0, FAULT_KINDS)
         started = time.monotonic()
         code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
-        resumed = tally("faults, then resume", fake, run_dir_of(out), expected_cells(items),
+        resumed = tally("faults, then resume", len(fake.injected), run_dir_of(out),
+                        expected_cells(items),
                         code, time.monotonic() - started)
         return [first, resumed]
     finally:
@@ -200,7 +202,7 @@ def kill_and_resume(workdir: Path, items: int = 6, kill_at: Sequence[int] = (1, 
         for rows in kill_at[1:]:
             kill_after_rows(workdir, [*command, "--budgetbench-resume=latest"], out, rows)
         code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
-        return tally(f"SIGKILL x{len(kill_at)}, resume", fake, run_dir_of(out),
+        return tally(f"SIGKILL x{len(kill_at)}, resume", len(fake.injected), run_dir_of(out),
                      expected_cells(items), code, time.monotonic() - started)
     finally:
         fake.stop()
@@ -221,7 +223,8 @@ def under_xdist(workdir: Path, items: int = 6, rate: float = 0.2) -> FaultTally:
         command = sweep_command(fake.base_url, out, items, "-n", "2", "--budgetbench-retries=5")
         started = time.monotonic()
         code = run_sweep(workdir, command)
-        return tally("xdist -n 2, faults", fake, run_dir_of(out), expected_cells(items), code,
+        return tally("xdist -n 2, faults", len(fake.injected), run_dir_of(out),
+                     expected_cells(items), code,
                      time.monotonic() - started)
     finally:
         fake.stop()
@@ -231,13 +234,11 @@ def endpoint_down(workdir: Path) -> tuple[FaultTally, str]:
     """No server at the endpoint: one clear error before any cell runs."""
     from pytest_budgetbench.model import free_port
 
-    fake = FakeOpenAI()  # never started: only its bookkeeping is used
-    fake.injected.append("down")
     out = prepare(workdir) / "out"
     started = time.monotonic()
     code = run_sweep(workdir, sweep_command(f"http://127.0.0.1:{free_port()}/v1", out, 2))
     runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-    result = tally("endpoint down at start", fake, runs[0] if runs else None, set(), code,
+    result = tally("endpoint down at start", 1, runs[0] if runs else None, set(), code,
                    time.monotonic() - started)
     return result, (workdir / "last-output.txt").read_text()
 
@@ -246,7 +247,6 @@ def malformed_dataset(workdir: Path) -> tuple[FaultTally, str]:
     """A dataset file with a broken line: one clear error naming it, nothing run."""
     fake = FakeOpenAI().start()
     try:
-        fake.injected.append("bad line")
         data = prepare(workdir) / "hotpot.jsonl"
         good = {"_id": "a1", "question": "Q?", "answer": "A", "type": "bridge",
                 "level": "easy", "supporting_facts": [], "context": [["T", ["Text."]]]}
@@ -257,7 +257,7 @@ def malformed_dataset(workdir: Path) -> tuple[FaultTally, str]:
         started = time.monotonic()
         code = run_sweep(workdir, command)
         runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-        result = tally("malformed dataset line", fake, runs[0] if runs else None, set(), code,
+        result = tally("malformed dataset line", 1, runs[0] if runs else None, set(), code,
                        time.monotonic() - started)
         return result, (workdir / "last-output.txt").read_text()
     finally:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests import faults
-from tests.fake_openai import FakeOpenAI
 
 
 def test_transient_faults_error_cells_never_grade_them_and_resume_reruns_the_errors(
@@ -70,6 +69,6 @@ def test_the_tally_counts_lost_duplicate_and_wrongly_graded_rows(tmp_path: Path)
     (tmp_path / "prompts.jsonl").write_text("".join(
         json.dumps({"cell_id": r["cell_id"], "messages": question}) + "\n" for r in rows))
     expected = faults.expected_cells(3, ["truncation"], [512])
-    result = faults.tally("yardstick", FakeOpenAI(), tmp_path, expected, 0, 0.0)
+    result = faults.tally("yardstick", 0, tmp_path, expected, 0, 0.0)
     assert (result.rows_lost, result.duplicate_rows, result.graded_failures) == (1, 1, 1)
     assert not result.clean

@@ -23,12 +23,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from pytest_budgetbench.strategies.budgetmem.pipeline import (
-    Passage,
-    Services,
-    State,
-    cosine,
-)
+from pytest_budgetbench.strategies._scoring import cosine
+from pytest_budgetbench.strategies.budgetmem.pipeline import Passage, Services, State
 from pytest_budgetbench.strategies.budgetmem.tiers import Tier
 
 ModuleRunner = Callable[[State, Tier, Services, int], None]

@@ -20,7 +20,6 @@ it is sent and its material cut until it fits the cell budget.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any
 from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
+from pytest_budgetbench.strategies._scoring import cosine
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.tiers import (
     CAPACITY_MODELS,
@@ -93,12 +93,6 @@ def question_of(query: str) -> str:
     if not mark:
         return query.strip()
     return tail.split("Short answer:")[0].strip() or query.strip()
-
-
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    dot = sum(x * y for x, y in zip(a, b, strict=False))
-    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norm if norm else 0.0
 
 
 def mean_vector(vectors: Sequence[Sequence[float]], dim: int) -> tuple[float, ...]:
