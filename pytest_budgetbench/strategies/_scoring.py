@@ -14,17 +14,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_budgetbench.lexicon import content_words
 from pytest_budgetbench.strategies.base import StrategyContext
 
-_STOPWORD_TEXT = (
-    "a an the and or but if then of to in on at by for with about as is are was were be "
-    "been being do does did have has had i me my mine we our you your he she it its they "
-    "them their this that these those what which who whom when where why how there here "
-    "from into over not no so than too very can could would should will shall just also "
-    "some any all each both up out off again once only own same such"
-)
-STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-_WORDS = re.compile(r"\w+")
 _FIRST_PERSON = re.compile(r"\b(I|I'm|I've|I'd|my|me|mine|we|our)\b")
 _NUMBER = re.compile(r"\d")
 # A capitalised word that does not open a sentence: most often a name or a place.
@@ -44,7 +36,7 @@ class Weights:
 
 def terms(text: str) -> list[str]:
     """Lower-cased word tokens without stopwords."""
-    return [w for w in _WORDS.findall(text.lower()) if w not in STOPWORDS]
+    return content_words(text)
 
 
 def normalise(values: Sequence[float]) -> list[float]:

@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from pytest_budgetbench import lexicon
 from pytest_budgetbench.strategies._scoring import cosine
 from pytest_budgetbench.strategies.budgetmem.pipeline import Passage, Services, State
 from pytest_budgetbench.strategies.budgetmem.tiers import Tier
@@ -38,18 +39,11 @@ NOTE_TOKENS = 96  # the most a relation note (any tier) may take
 FILTER_REPLY_TOKENS = 24
 SUMMARY_REPLY_TOKENS = 192
 
-_STOP_TEXT = (
-    "a an the and or but if of to in on at by for with from as is are was were be been "
-    "being do does did have has had i you he she it we they me him her us them my your his "
-    "its our their this that these those what which who whom when where why how not no yes "
-    "so than then there here about into over after before up down out just also very can "
-    "could would should will shall may might must said say says like get got one two some "
-    "any all more most other such only own same too s t don now based above context write "
-    "answer form short phrase following question exact words whenever possible use date "
-    "conversation approximate"
-)
 # Task prompt words (LoCoMo's "Answer with exact words ...") are stop words here too.
-STOPWORDS = frozenset(_STOP_TEXT.split())
+STOPWORDS = lexicon.STOPWORDS | frozenset(
+    "said say says like get got one two based above context write answer form short phrase "
+    "following question exact words whenever possible use date conversation approximate".split()
+)
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
 _NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
