@@ -154,9 +154,6 @@ class TokenCounter(ABC):
             cached = self._message_cache[key] = self._count_prompt([_ANCHOR])
         return cached
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "exact": self.exact}
-
 
 def framed_estimate(messages: Sequence[Message], count_text: Callable[[str], int]) -> int:
     """Content tokens plus a guessed template cost (4 per message, 3 per prompt), for

@@ -38,7 +38,6 @@ from typing import Any, Protocol
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model import Completion, redact_url
 
-CACHE_MODES: tuple[str, ...] = ("on", "off", "refresh")
 CACHE_FILE = "responses.sqlite"
 
 _SCHEMA = """

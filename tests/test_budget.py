@@ -39,7 +39,7 @@ class WordCounter(TokenCounter):
 def test_approx_counter_is_labelled_approximate() -> None:
     counter = ApproxCounter()
     assert counter.exact is False
-    assert counter.describe() == {"name": "approx-chars/4", "exact": False}
+    assert (counter.name, counter.exact) == ("approx-chars/4", False)
 
 
 def test_approx_counts() -> None:
@@ -217,7 +217,7 @@ def test_hf_counter_loads_a_tokenizer_json(tokenizer_json: Path) -> None:
     assert counter.count_messages(messages) > counter.count_text("hello world")
     # This tokenizer has no chat template, so it can only count content: not exact.
     assert counter.exact is False
-    assert counter.describe()["exact"] is False
+    assert counter.exact is False
 
 
 def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:

@@ -39,13 +39,6 @@ TOP_K_OPTION = "budgetmem_top_k"
 DEFAULT_TOP_K = 8
 
 
-def parse_tier(text: str) -> Tier:
-    try:
-        return Tier[text.strip().upper()]
-    except KeyError:
-        raise ConfigError(f"tier must be LOW, MID or HIGH (got {text!r})") from None
-
-
 def axis_option(options: Mapping[str, Any]) -> str:
     """The tier axis ``options`` select; a bad value is a ConfigError naming the choices."""
     axis = str(options.get(AXIS_OPTION) or "implementation").strip().lower()
