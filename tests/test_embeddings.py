@@ -66,3 +66,22 @@ def test_bad_model_directory_is_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
         make_embedder(str(empty))
     assert "\n" not in str(error.value) and "cannot load embedding model" in str(error.value)
+
+
+def test_loading_opens_no_connection_and_leaves_the_environment_alone() -> None:
+    # A fresh interpreter, so the model really loads; any connect() attempt fails it.
+    code = (
+        "import os, socket\n"
+        "def refuse(self, address): raise AssertionError(f'network access to {address}')\n"
+        "socket.socket.connect = refuse\n"
+        "before = dict(os.environ)\n"
+        "from pytest_budgetbench.embeddings import make_embedder\n"
+        "assert len(make_embedder('all-MiniLM-L6-v2').embed(['hello'])[0]) == 384\n"
+        "changed = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))\n"
+        "print(changed)\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
