@@ -77,8 +77,8 @@ def test_loading_opens_no_connection_and_leaves_the_environment_alone() -> None:
         "before = dict(os.environ)\n"
         "from pytest_budgetbench.embeddings import make_embedder\n"
         "assert len(make_embedder('all-MiniLM-L6-v2').embed(['hello'])[0]) == 384\n"
-        "changed = sorted(k for k in {*before, *os.environ} if before.get(k) != os.environ.get(k))\n"
-        "print(changed)\n"
+        "keys = {*before, *os.environ}\n"
+        "print(sorted(k for k in keys if before.get(k) != os.environ.get(k)))\n"
     )
     env = {k: v for k, v in __import__("os").environ.items()
            if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}

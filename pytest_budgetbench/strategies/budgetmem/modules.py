@@ -40,10 +40,11 @@ FILTER_REPLY_TOKENS = 24
 SUMMARY_REPLY_TOKENS = 192
 
 # Task prompt words (LoCoMo's "Answer with exact words ...") are stop words here too.
-STOPWORDS = lexicon.STOPWORDS | frozenset(
+_PROMPT_WORDS = (
     "said say says like get got one two based above context write answer form short phrase "
-    "following question exact words whenever possible use date conversation approximate".split()
+    "following question exact words whenever possible use date conversation approximate"
 )
+STOPWORDS = lexicon.STOPWORDS | frozenset(_PROMPT_WORDS.split())
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
 _NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
