@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,12 +39,42 @@ def check_messages(value: object, produced_by: str) -> list[Message]:
                 f"{produced_by} returned an invalid message at index {index}: "
                 f"each must be a dict with 'role' in {sorted(ROLES)} (got {message!r:.80})"
             )
-        if not isinstance(message.get("content"), (str, list)):
+        content = message.get("content")
+        if not isinstance(content, (str, list)):
             raise TypeError(
                 f"{produced_by} returned message {index} without string or list 'content' "
-                f"(got {type(message.get('content')).__name__})"
+                f"(got {type(content).__name__})"
             )
+        if isinstance(content, list):
+            _check_parts(content, index, produced_by)
+    _check_json(value, produced_by)
     return value
+
+
+def _check_parts(parts: list[Any], index: int, produced_by: str) -> None:
+    """Content parts as the chat API takes them: dicts with a ``type``, text parts with a
+    string ``text``."""
+    for position, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise TypeError(
+                f"{produced_by} returned message {index} with content part {position} that is "
+                f"not a {{'type': ...}} dict (got {part!r:.80} that is a {type(part).__name__})"
+            )
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise TypeError(
+                f"{produced_by} returned message {index} with text part {position} whose "
+                f"'text' is not a string (got {type(part.get('text')).__name__})"
+            )
+
+
+def _check_json(messages: list[Message], produced_by: str) -> None:
+    """The prompt must travel as JSON, to the model and into the record."""
+    try:
+        json.dumps(messages, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{produced_by} returned messages that JSON cannot hold: {exc}"
+        ) from None
 
 
 def split_ends(messages: Sequence[Message]) -> tuple[list[Message], list[Message], list[Message]]:

@@ -1,0 +1,36 @@
+"""check_messages: what the runner accepts from a strategy before it counts a prompt."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_budgetbench.messages import check_messages
+
+
+def test_a_valid_prompt_comes_back_unchanged() -> None:
+    prompt = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hi"},
+                                     {"type": "image_url", "image_url": {"url": "data:,"}}]},
+    ]
+    assert check_messages(prompt, "strategy 's'") is prompt
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ("text", "must return a list of chat messages"),
+        ([{"role": "robot", "content": "x"}], "invalid message at index 0"),
+        ([{"role": "user", "content": 3}], "without string or list 'content'"),
+        ([{"role": "user", "content": ["a", "b"]}], "content part 0 that is not a"),
+        ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "'text' is not a string"),
+        ([{"role": "user", "content": "x", "extra": object()}], "JSON cannot hold"),
+        ([{"role": "user", "content": "x", "weight": math.nan}], "JSON cannot hold"),
+    ],
+)
+def test_a_bad_prompt_names_its_producer_and_the_fault(prompt: object, expected: str) -> None:
+    with pytest.raises(TypeError, match="strategy 's'") as info:
+        check_messages(prompt, "strategy 's'")
+    assert expected in str(info.value)
