@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -26,7 +27,7 @@ SCHEMA_VERSION = 1
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class CellRow(Mapping[str, Any]):
     """One cells.jsonl row: the schema. The runner fills it, :class:`RunStore` writes it,
     reports and the synthetic generator read its field names (:data:`ROW_FIELDS`).
@@ -35,6 +36,7 @@ class CellRow(Mapping[str, Any]):
     row is built (at run time as well as under mypy) and the runner writes attributes that
     mypy checks. It is also a read-only mapping of field name to value, so a user's
     ``budget_cell.row["counted_tokens"]`` and ``row.get("quality")`` keep working.
+    Slotted, so assigning a misspelled attribute raises instead of adding a field.
     """
 
     schema: int = SCHEMA_VERSION
@@ -95,7 +97,7 @@ class CellRow(Mapping[str, Any]):
 
         Shallow, unlike ``dataclasses.asdict``: a strategy's ``strategy_info`` is written as
         it is, never deep-copied."""
-        return {name: getattr(self, name) for name in ROW_FIELDS}
+        return dict(zip(ROW_FIELDS, _all_values(self), strict=True))
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> CellRow:
@@ -118,6 +120,7 @@ class CellRow(Mapping[str, Any]):
 ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CellRow))
 """The field names of a row, in the order they are written (derived from CellRow)."""
 _FIELD_NAMES = frozenset(ROW_FIELDS)
+_all_values = operator.attrgetter(*ROW_FIELDS)  # every field's value in one call
 _REQUIRED: tuple[str, ...] = tuple(
     f.name for f in fields(CellRow) if f.default is MISSING and f.default_factory is MISSING
 )

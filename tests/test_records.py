@@ -181,6 +181,9 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:
     with pytest.raises(TypeError, match="counted_token"):
         _row(counted_token=3)
+    row = _row()
+    with pytest.raises(AttributeError):
+        row.counted_token = 3  # type: ignore[attr-defined]
 
 
 def test_row_is_a_read_only_mapping_of_its_fields() -> None:
