@@ -232,7 +232,7 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     result = session.run_cell(cell, timer)
     if timer is not None and timer.timed:
         request.getfixturevalue("benchmark").extra_info.update(
-            quality=result.quality, counted_tokens=result.row["counted_tokens"]
+            quality=result.quality, counted_tokens=result.row.counted_tokens
         )
     return result
 

@@ -2,7 +2,7 @@
 
 Layout of a run directory::
 
-    <out>/<run_id>/cells.jsonl     one row per cell (see ROW_FIELDS)
+    <out>/<run_id>/cells.jsonl     one row per cell (see CellRow)
     <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
     <out>/<run_id>/run.json        the run's settings, written by the controller
 
@@ -15,53 +15,114 @@ from __future__ import annotations
 
 import fcntl
 import json
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+"""The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
+or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
-ROW_FIELDS: tuple[str, ...] = (
-    "schema",
-    "run_id",
-    "cell_id",
-    "task",
-    "item_id",
-    "category",
-    "strategy",
-    "regime",
-    "reference",
-    "budget",
-    "repeat",
-    "status",  # ok | violation | error
-    "counted_tokens",
-    "server_prompt_tokens",
-    "token_count_match",
-    "utilisation",
-    "quality",
-    "prediction",
-    "extracted",
-    "strategy_s",
-    "model_s",  # the original call's latency, also when served from cache
-    "cached",  # the reply came from the response cache (this cell sent nothing)
-    "output_tokens",
-    "aux_calls",
-    "aux_input_tokens",
-    "aux_output_tokens",
-    "aux_s",
-    "strategy_info",
-    "model",
-    "endpoint",
-    "server_flags",
-    "tokenizer",
-    "tokenizer_exact",
-    "prompt_sha256",
-    "grader",
-    "error",
-    "seed",
-    "worker",  # the xdist worker that ran the cell, or null
-    "time",
+
+@dataclass(kw_only=True, slots=True)
+class CellRow(Mapping[str, Any]):
+    """One cells.jsonl row: the schema. The runner fills it, :class:`RunStore` writes it,
+    reports and the synthetic generator read its field names (:data:`ROW_FIELDS`).
+
+    A dataclass rather than a TypedDict, so that a misspelled field is an error where the
+    row is built (at run time as well as under mypy) and the runner writes attributes that
+    mypy checks. It is also a read-only mapping of field name to value, so a user's
+    ``budget_cell.row["counted_tokens"]`` and ``row.get("quality")`` keep working.
+    Slotted, so assigning a misspelled attribute raises instead of adding a field.
+    """
+
+    schema: int = SCHEMA_VERSION
+    run_id: str
+    cell_id: str
+    task: str
+    item_id: str
+    category: str | None = None
+    strategy: str
+    regime: str | None = None
+    reference: bool = False
+    budget: int
+    repeat: int = 0
+    status: str = "error"  # ok | violation | error; a cell that never finishes errored
+    counted_tokens: int | None = None
+    server_prompt_tokens: int | None = None
+    token_count_match: bool | None = None
+    utilisation: float | None = None
+    quality: float | None = None
+    prediction: str | None = None
+    extracted: str | None = None
+    strategy_s: float | None = None
+    model_s: float | None = None  # the original call's latency, also when served from cache
+    cached: bool | None = None  # the reply came from the response cache (this cell sent nothing)
+    output_tokens: int | None = None
+    aux_calls: list[dict[str, Any]] = field(default_factory=list)
+    aux_input_tokens: int = 0
+    aux_output_tokens: int = 0
+    aux_s: float = 0.0
+    strategy_info: dict[str, Any] | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    server_flags: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str | None = None
+    tokenizer_exact: bool | None = None
+    prompt_sha256: str | None = None
+    grader: str | None = None
+    error: str | None = None
+    seed: int | None = None
+    worker: str | None = None  # the xdist worker that ran the cell, or null
+    time: float | None = None
+
+    # -- the mapping face (read-only) -------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        if name not in _FIELD_NAMES:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ROW_FIELDS)
+
+    def __len__(self) -> int:
+        return len(ROW_FIELDS)
+
+    # -- on disk ----------------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """The row as the JSON object written to cells.jsonl (fields in schema order).
+
+        Shallow, unlike ``dataclasses.asdict``: a strategy's ``strategy_info`` is written as
+        it is, never deep-copied."""
+        return dict(zip(ROW_FIELDS, _all_values(self), strict=True))
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> CellRow:
+        """A row read back from cells.jsonl, of this schema version or an older one.
+
+        Fields the record lacks take their defaults; keys this version does not know are
+        dropped (the file keeps them, and the report loader reads them as columns).
+        Raises ValueError naming the first missing required field.
+        """
+        missing = [name for name in _REQUIRED if name not in record]
+        if missing:
+            raise ValueError(
+                f"cells.jsonl row {record.get('cell_id', '(no cell_id)')!r} lacks the "
+                f"field '{missing[0]}' (schema {record.get('schema', '?')}); it was not "
+                f"written by budgetbench, or the file is damaged"
+            )
+        return cls(**{name: record[name] for name in ROW_FIELDS if name in record})
+
+
+ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CellRow))
+"""The field names of a row, in the order they are written (derived from CellRow)."""
+_FIELD_NAMES = frozenset(ROW_FIELDS)
+_all_values = operator.attrgetter(*ROW_FIELDS)  # every field's value in one call
+_REQUIRED: tuple[str, ...] = tuple(
+    f.name for f in fields(CellRow) if f.default is MISSING and f.default_factory is MISSING
 )
 
 CELLS_FILE = "cells.jsonl"
@@ -129,8 +190,8 @@ class RunStore:
     def prompts_path(self) -> Path:
         return self.run_dir / PROMPTS_FILE
 
-    def write_row(self, row: Mapping[str, Any]) -> None:
-        append_jsonl(self.cells_path, row)
+    def write_row(self, row: CellRow) -> None:
+        append_jsonl(self.cells_path, row.record())
 
     def write_prompt(self, cell_id: str, sha256: str, messages: object | None) -> None:
         record: dict[str, Any] = {"cell_id": cell_id, "prompt_sha256": sha256}

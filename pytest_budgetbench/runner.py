@@ -7,7 +7,7 @@ import copy
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
 from pytest_budgetbench.messages import Message, check_messages
 from pytest_budgetbench.model import ChatModel, Completion, redact_url
-from pytest_budgetbench.records import SCHEMA_VERSION, RunStore
+from pytest_budgetbench.records import CellRow, RunStore
 from pytest_budgetbench.strategies import Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
@@ -110,31 +110,33 @@ class CellResult:
 
     cell: Cell
     item: Item
-    row: dict[str, Any]
+    row: CellRow
+    """The cell's record; also a read-only mapping (``result.row["counted_tokens"]``)."""
     prompt: list[Message]
     reference: bool
     violation: str = ""
 
     @property
     def status(self) -> str:
-        return str(self.row["status"])
+        return str(self.row.status)
 
     @property
     def quality(self) -> float | None:
-        value = self.row.get("quality")
+        value = self.row.quality
         return None if value is None else float(value)
 
     @property
     def prediction(self) -> str | None:
-        return self.row.get("prediction")
+        return self.row.prediction
 
     @classmethod
     def from_row(
-        cls, cell: Cell, item: Item, row: dict[str, Any], prompt: list[Message]
+        cls, cell: Cell, item: Item, record: Mapping[str, Any], prompt: list[Message]
     ) -> CellResult:
-        """The result a resumed run already recorded for this cell."""
-        violation = str(row.get("error") or "") if row.get("status") == "violation" else ""
-        return cls(cell, item, row, prompt, bool(row.get("reference")), violation)
+        """The result a resumed run already recorded for this cell (any schema version)."""
+        row = CellRow.from_record(record)
+        violation = str(row.error or "") if row.status == "violation" else ""
+        return cls(cell, item, row, prompt, bool(row.reference), violation)
 
 
 class Catalog:
@@ -201,7 +203,7 @@ class Runner:
         except (StrategyError, EndpointError) as exc:
             # The test errors, but the cell still gets its one row.
             self._record_strategy(row, context)
-            row.update(status="error", error=str(exc))
+            row.status, row.error = "error", str(exc)
             self.store.write_row(row)
             raise
 
@@ -212,38 +214,36 @@ class Runner:
         item: Item,
         strategy: Strategy,
         context: StrategyContext,
-        row: dict[str, Any],
+        row: CellRow,
         timer: Timer | None,
     ) -> CellResult:
-        prompt, row["strategy_s"] = self._apply(strategy, item, cell, context)
+        prompt, row.strategy_s = self._apply(strategy, item, cell, context)
         self._record_strategy(row, context)
         counted = self.tokens.count_messages(prompt)
         sha = prompt_sha256(prompt)
-        row.update(counted_tokens=counted, prompt_sha256=sha,
-                   utilisation=round(counted / cell.budget, 4))
+        row.counted_tokens, row.prompt_sha256 = counted, sha
+        row.utilisation = round(counted / cell.budget, 4)
         self._audit(cell, sha, prompt)
         check = BudgetCheck(counted, cell.budget)
         if not check.fits:
             message = violation_message(cell.cell_id, strategy.name, check, self.tokens)
-            row.update(status="violation", error=message)
+            row.status, row.error = "violation", message
             self.store.write_row(row)
             return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
 
         completion = self._call(prompt, timer)
         grade = task.grade(item, completion.text)
-        row.update(
-            status="ok",
-            prediction=completion.text,
-            extracted=grade.extracted,
-            quality=grade.quality,
-            grader=grade.grader,
-            model_s=round(completion.latency_s, 4),
-            cached=completion.cached,
-            output_tokens=completion.completion_tokens,
-            server_prompt_tokens=completion.prompt_tokens,
-            token_count_match=(
-                None if completion.prompt_tokens is None else completion.prompt_tokens == counted
-            ),
+        row.status = "ok"
+        row.prediction = completion.text
+        row.extracted = grade.extracted
+        row.quality = grade.quality
+        row.grader = grade.grader
+        row.model_s = round(completion.latency_s, 4)
+        row.cached = completion.cached
+        row.output_tokens = completion.completion_tokens
+        row.server_prompt_tokens = completion.prompt_tokens
+        row.token_count_match = (
+            None if completion.prompt_tokens is None else completion.prompt_tokens == counted
         )
         self.store.write_row(row)
         exported = task.export(item, completion.text, cell.cell_id)
@@ -299,54 +299,40 @@ class Runner:
             self.store.write_prompt(cell.cell_id, sha, prompt if mode == "full" else None)
 
     @staticmethod
-    def _record_strategy(row: dict[str, Any], context: StrategyContext) -> None:
+    def _record_strategy(row: CellRow, context: StrategyContext) -> None:
         """The strategy's auxiliary calls (every named model's) and its own notes."""
         assert isinstance(context.aux, RecordedAuxModel)
         calls = context.aux.calls
-        row["aux_calls"] = [vars(call) for call in calls]
-        row["aux_input_tokens"] = sum(c.input_tokens for c in calls)
-        row["aux_output_tokens"] = sum(c.output_tokens or 0 for c in calls)
-        row["aux_s"] = round(sum(c.latency_s for c in calls), 4)
-        row["strategy_info"] = context.info or None
+        row.aux_calls = [vars(call) for call in calls]
+        row.aux_input_tokens = sum(c.input_tokens for c in calls)
+        row.aux_output_tokens = sum(c.output_tokens or 0 for c in calls)
+        row.aux_s = round(sum(c.latency_s for c in calls), 4)
+        row.strategy_info = context.info or None
 
-    def _base_row(self, cell: Cell, item: Item, strategy: Strategy) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "cell_id": cell.cell_id,
-            "task": cell.task,
-            "item_id": item.item_id,
-            "category": item.category,
-            "strategy": strategy.name,
-            "regime": strategy.regime_label(),
-            "reference": strategy.reference,
-            "budget": cell.budget,
-            "repeat": cell.repeat,
-            "status": "error",
-            "counted_tokens": None,
-            "server_prompt_tokens": None,
-            "token_count_match": None,
-            "utilisation": None,
-            "quality": None,
-            "prediction": None,
-            "extracted": None,
-            "strategy_s": None,
-            "model_s": None,
-            "cached": None,
-            "output_tokens": None,
-            "strategy_info": None,
-            "model": self.endpoint.model,
-            "endpoint": redact_url(self.endpoint.base_url),
-            "server_flags": self.endpoint.server_flags,
-            "tokenizer": self.tokens.name,
-            "tokenizer_exact": self.tokens.exact,
-            "prompt_sha256": None,
-            "grader": self.catalog.task(cell.task).grader_version,
-            "error": None,
-            "seed": self.settings.seed,
-            "worker": os.environ.get("PYTEST_XDIST_WORKER"),
-            "time": round(time.time(), 3),
-        }
+    def _base_row(self, cell: Cell, item: Item, strategy: Strategy) -> CellRow:
+        """The row before the cell runs: who, what and where; the outcome fields start
+        empty and status "error", so a cell that dies half-way still records as errored."""
+        return CellRow(
+            run_id=self.run_id,
+            cell_id=cell.cell_id,
+            task=cell.task,
+            item_id=item.item_id,
+            category=item.category,
+            strategy=strategy.name,
+            regime=strategy.regime_label(),
+            reference=strategy.reference,
+            budget=cell.budget,
+            repeat=cell.repeat,
+            model=self.endpoint.model,
+            endpoint=redact_url(self.endpoint.base_url),
+            server_flags=self.endpoint.server_flags,
+            tokenizer=self.tokens.name,
+            tokenizer_exact=self.tokens.exact,
+            grader=self.catalog.task(cell.task).grader_version,
+            seed=self.settings.seed,
+            worker=os.environ.get("PYTEST_XDIST_WORKER"),
+            time=round(time.time(), 3),
+        )
 
 
 def make_task(name: str, settings: Settings) -> Task:

@@ -1,20 +1,32 @@
-"""Run records: torn lines, concurrent appends, the prompts audit and run.json."""
+"""Run records: the CellRow schema, reading schema-1 files, torn lines, concurrent appends,
+the prompts audit and run.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pytest_budgetbench.records import (
     CELLS_FILE,
     PROMPTS_FILE,
+    ROW_FIELDS,
     RUN_FILE,
+    SCHEMA_VERSION,
+    CellRow,
     RunStore,
     append_jsonl,
     read_jsonl,
 )
+
+
+def _row(cell_id: str = "c1", **fields: Any) -> CellRow:
+    return CellRow(run_id="run-1", cell_id=cell_id, task="memory", item_id="0000",
+                   strategy="truncation", budget=512, **fields)
 
 
 def _raw_lines(path: Path) -> list[bytes]:
@@ -120,10 +132,11 @@ def test_concurrent_appends_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 
 def test_store_rows_and_exports(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run-1")
-    store.write_row({"cell_id": "c1", "status": "ok"})
-    store.write_row({"cell_id": "c2", "status": "violation"})
+    store.write_row(_row("c1", status="ok"))
+    store.write_row(_row("c2", status="violation"))
     assert store.cells_path == tmp_path / "run-1" / CELLS_FILE
-    assert [r["cell_id"] for r in store.rows()] == ["c1", "c2"]
+    assert [(r["cell_id"], r["status"]) for r in store.rows()] == [("c1", "ok"),
+                                                                   ("c2", "violation")]
     store.write_export("preds.jsonl", {"id": 1})
     assert list(read_jsonl(tmp_path / "run-1" / "exports" / "preds.jsonl")) == [{"id": 1}]
 
@@ -150,3 +163,93 @@ def test_write_run_info_creates_the_directory_and_overwrites(tmp_path: Path) -> 
     }
     store.write_run_info({"run_id": "r2"})
     assert json.loads(path.read_text()) == {"run_id": "r2"}
+
+
+# -- the schema ---------------------------------------------------------------------------------
+def test_row_fields_are_the_cellrow_fields_in_order() -> None:
+    assert tuple(f.name for f in dataclasses.fields(CellRow)) == ROW_FIELDS
+    assert ROW_FIELDS[:3] == ("schema", "run_id", "cell_id")
+
+
+def test_the_fields_change_only_with_the_schema_version() -> None:
+    # When this fails, the on-disk shape changed: bump SCHEMA_VERSION, keep
+    # CellRow.from_record reading schema 1, and add the new version's line here.
+    schema_1_fields = set(json.loads(SCHEMA_1_LINE))
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (1, schema_1_fields)
+
+
+def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:
+    with pytest.raises(TypeError, match="counted_token"):
+        _row(counted_token=3)
+    row = _row()
+    with pytest.raises(AttributeError):
+        row.counted_token = 3  # type: ignore[attr-defined]
+
+
+def test_row_is_a_read_only_mapping_of_its_fields() -> None:
+    row = _row(quality=0.5, counted_tokens=300)
+    assert row["counted_tokens"] == 300 and row.get("quality") == 0.5
+    assert row.get("no_such_field") is None and "no_such_field" not in row
+    with pytest.raises(KeyError):
+        row["no_such_field"]
+    assert list(row) == list(ROW_FIELDS) and dict(row) == row.record()
+
+
+def test_written_row_has_every_field_in_schema_order(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.write_row(_row(strategy_info={"note": "東京"}, aux_calls=[{"purpose": "summary"}]))
+    (line,) = store.cells_path.read_text(encoding="utf-8").splitlines()
+    written = json.loads(line)
+    assert list(written) == list(ROW_FIELDS)
+    assert written["schema"] == SCHEMA_VERSION
+    assert written["strategy_info"] == {"note": "東京"}
+    assert CellRow.from_record(written) == _row(strategy_info={"note": "東京"},
+                                                aux_calls=[{"purpose": "summary"}])
+
+
+# A row exactly as the schema-1 runner wrote it: its base row's keys in their order, then the
+# auxiliary fields, which it added after the strategy ran. Written by hand so that a change
+# to CellRow cannot change what this test reads.
+SCHEMA_1_LINE = (
+    '{"schema": 1, "run_id": "20250101-000000-abcd", "cell_id": "memory-0003-rag-2048", '
+    '"task": "memory", "item_id": "0003", "category": "multi-hop", "strategy": "rag", '
+    '"regime": "retrieval", "reference": false, "budget": 2048, "repeat": 0, "status": "ok", '
+    '"counted_tokens": 1911, "server_prompt_tokens": 1911, "token_count_match": true, '
+    '"utilisation": 0.9331, "quality": 1.0, "prediction": "Paris", "extracted": "paris", '
+    '"strategy_s": 0.012345, "model_s": 0.4821, "cached": false, "output_tokens": 4, '
+    '"strategy_info": {"chunks": 7}, "model": "smollm2", "endpoint": "http://127.0.0.1:8080/v1", '
+    '"server_flags": {"n_ctx": 8192}, "tokenizer": "smollm2-gguf", "tokenizer_exact": true, '
+    '"prompt_sha256": "' + "e" * 64 + '", "grader": "memory-exact-v1", "error": null, '
+    '"seed": 0, "worker": null, "time": 1735689600.125, '
+    '"aux_calls": [{"purpose": "embed", "input_tokens": 12, "output_tokens": null, '
+    '"latency_s": 0.01, "model": "aux", "cached": false}], '
+    '"aux_input_tokens": 12, "aux_output_tokens": 0, "aux_s": 0.01}\n'
+)
+
+
+def test_a_schema_1_row_file_reads_back_as_cell_rows(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    store.cells_path.parent.mkdir(parents=True)
+    store.cells_path.write_text(SCHEMA_1_LINE + '{"schema": 1, "cell_id": "torn', "utf-8")
+    (record,) = store.rows()  # the torn second line is skipped
+    row = CellRow.from_record(record)
+    assert (row.schema, row.cell_id, row.status, row.budget) == (1, "memory-0003-rag-2048",
+                                                                 "ok", 2048)
+    assert (row.counted_tokens, row.quality, row.token_count_match) == (1911, 1.0, True)
+    assert row.aux_calls[0]["purpose"] == "embed" and row.aux_input_tokens == 12
+    assert row.strategy_info == {"chunks": 7} and row.time == 1735689600.125
+    assert row.record() == record  # nothing of a schema-1 row is lost or renamed
+
+
+def test_an_older_row_without_optional_fields_takes_the_defaults() -> None:
+    row = CellRow.from_record({"cell_id": "c", "run_id": "r", "task": "t", "item_id": "i",
+                               "strategy": "s", "budget": 8, "status": "violation",
+                               "future_field": 1})
+    assert (row.schema, row.aux_calls, row.aux_s, row.quality) == (SCHEMA_VERSION, [], 0.0, None)
+    assert "future_field" not in row.record()
+
+
+def test_a_row_without_a_required_field_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"'c9' lacks the field 'budget'"):
+        CellRow.from_record({"cell_id": "c9", "run_id": "r", "task": "t", "item_id": "i",
+                             "strategy": "s"})

@@ -12,6 +12,7 @@ import pytest
 from pytest_budgetbench.reports import Prices, ReportError, build_report, load, tables
 from pytest_budgetbench.reports.stats import cell_rng, resample_means, wilson_interval
 from pytest_budgetbench.reports.synthetic import make_row, write_run
+from tests.test_records import SCHEMA_1_LINE
 
 pd = pytest.importorskip("pandas")
 
@@ -63,6 +64,20 @@ def test_shards_concatenate_and_the_last_row_of_a_cell_wins(tmp_path: Path) -> N
     assert len(frame) == 3
     assert frame.loc["i0", "quality"] == 1.0
     assert frame.loc["i1", "quality"] == 1.0
+
+
+def test_a_schema_1_run_loads_into_the_report(tmp_path: Path) -> None:
+    # The row file exactly as the schema-1 runner wrote it (see tests/test_records.py).
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "cells.jsonl").write_text(SCHEMA_1_LINE, encoding="utf-8")
+    rows = load.load([tmp_path / "run"])
+    (row,) = rows.to_dict(orient="records")
+    assert (row["task"], row["strategy"], row["budget"], row["status"]) == ("memory", "rag",
+                                                                           2048, "ok")
+    assert (row["counted_tokens"], row["quality"], row["aux_calls"]) == (1911.0, 1.0, 1.0)
+    assert row["category"] == "multi-hop" and row["strategy_info"] == {"chunks": 7}
+    report = build_report([tmp_path / "run"], tmp_path / "out", plots=False, resamples=20)
+    assert cell(report.summary, "rag", 2048)["quality_mean"] == 1.0
 
 
 def test_repeats_are_distinct_cells(tmp_path: Path) -> None:

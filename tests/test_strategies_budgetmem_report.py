@@ -44,15 +44,15 @@ def _rows() -> list[dict[str, Any]]:
 def test_tier_ratios_per_module_reach_every_output(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", _rows())
     report = build_report([run], tmp_path / "out", plots=False, resamples=200)
-    assert report.tiers is not None
-    router = report.tiers[report.tiers["strategy"] == "budgetmem@0.1"]
+    tiers = report.extra_tables["tiers"].table
+    router = tiers[tiers["strategy"] == "budgetmem@0.1"]
     assert list(router["module"]) == list(MODULES)  # pipeline order
     filter_row = router[router["module"] == "filter"].iloc[0]
     assert (filter_row["low"], filter_row["mid"], filter_row["high"]) == (0.5, 0.0, 0.5)
     assert filter_row["aux_tokens_mean"] == pytest.approx(55.0)
-    low = report.tiers[report.tiers["strategy"] == "budgetmem_low"]
+    low = tiers[tiers["strategy"] == "budgetmem_low"]
     assert set(low["low"]) == {1.0}
-    assert "truncation" not in set(report.tiers["strategy"])
+    assert "truncation" not in set(tiers["strategy"])
     assert (tmp_path / "out" / "tiers.csv").is_file()
     document = json.loads((tmp_path / "out" / "report.json").read_text())
     assert len(document["tiers"]) == 2 * len(MODULES)
@@ -72,5 +72,5 @@ def test_pareto_cost_plot_only_for_tasks_with_budgetmem(tmp_path: Path) -> None:
 def test_no_budgetmem_rows_means_no_tier_table(tmp_path: Path) -> None:
     run = write_run(tmp_path / "run", [make_row("memory", "i0", "truncation", 2048)])
     report = build_report([run], tmp_path / "out", plots=False, resamples=50)
-    assert report.tiers is not None and report.tiers.empty
+    assert report.extra_tables["tiers"].table.empty
     assert not (tmp_path / "out" / "tiers.csv").exists()

@@ -14,6 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
+    from pytest_budgetbench.reports.extensions import (
+        ExtraTable,
+        ReportExtension,
+        register_report_extension,
+    )
     from pytest_budgetbench.reports.gates import regression_gate, violation_gate
     from pytest_budgetbench.reports.load import ReportError
     from pytest_budgetbench.reports.tables import Prices, Reference
@@ -22,6 +27,9 @@ _EXPORTS = {
     "build_report": "builder",
     "Report": "builder",
     "ReportSettings": "builder",
+    "ExtraTable": "extensions",
+    "ReportExtension": "extensions",
+    "register_report_extension": "extensions",
     "violation_gate": "gates",
     "regression_gate": "gates",
     "ReportError": "load",
@@ -30,12 +38,15 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "ExtraTable",
     "Prices",
     "Reference",
     "Report",
     "ReportError",
+    "ReportExtension",
     "ReportSettings",
     "build_report",
+    "register_report_extension",
     "regression_gate",
     "violation_gate",
 ]

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.reports import load, render, report_json, tables, tiers
+from pytest_budgetbench.reports import load, render, report_json, tables
+from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
 from pytest_budgetbench.reports.plots import Plot, write_plots
 from pytest_budgetbench.reports.stats import CONFIDENCE, DEFAULT_RESAMPLES
 
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 SUMMARY_CSV = "summary.csv"
 PAIRED_CSV = "paired.csv"
 CATEGORIES_CSV = "categories.csv"
-TIERS_CSV = "tiers.csv"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -59,8 +59,9 @@ class Report:
     plots: list[Plot] = field(default_factory=list)
     paths: dict[str, Path] = field(default_factory=dict)
     document: dict[str, Any] = field(default_factory=dict)
-    tiers: pd.DataFrame | None = None
-    """BudgetMem tier-selection ratios per module (empty without BudgetMem cells)."""
+    extra_tables: dict[str, ExtraTable] = field(default_factory=dict)
+    """The report extensions' tables by name (e.g. BudgetMem's ``tiers``); may be empty."""
+    extensions: list[ReportExtension] = field(default_factory=list)
 
 
 def build_report(
@@ -72,12 +73,15 @@ def build_report(
     seed: int = 0,
     prices: tables.PriceTable | None = None,
     plots: bool = True,
+    extensions: Sequence[ReportExtension] | None = None,
 ) -> Report:
     """Read the runs' cells.jsonl (shards and repeats merged, resumed cells' last row kept)
     and write summary.csv, paired.csv, categories.csv, plots/, report.json/.md/.html.
 
     ``reference`` is "strategy@budget" or "strategy" (its largest budget); by default
     full_context (else a strategy flagged as a reference) at its largest budget, per task.
+    ``extensions`` add tables and plots; by default the installed and registered ones
+    (reports.extensions).
     Raises ReportError for a missing run directory and ValueError for a malformed reference.
     """
     if resamples < 1:
@@ -96,10 +100,24 @@ def build_report(
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)
+    chosen = report_extensions() if extensions is None else list(extensions)
     report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
-                    tiers=tiers.tier_table(rows))
+                    extra_tables=_extra_tables(chosen, rows), extensions=chosen)
     _write(report, with_plots=plots)
     return report
+
+
+def _extra_tables(extensions: Sequence[ReportExtension], rows: pd.DataFrame
+                  ) -> dict[str, ExtraTable]:
+    """Every extension's tables by name (two tables of one name are an error)."""
+    extra: dict[str, ExtraTable] = {}
+    for extension in extensions:
+        for table in extension.tables(rows):
+            if table.name in extra:
+                raise ValueError(f"report extension '{extension.name}' adds a table named "
+                                 f"'{table.name}', which another extension added; rename it")
+            extra[table.name] = table
+    return extra
 
 
 def _write(report: Report, *, with_plots: bool) -> None:
@@ -110,11 +128,14 @@ def _write(report: Report, *, with_plots: bool) -> None:
                         (CATEGORIES_CSV, report.categories)):
         paths[name.removesuffix(".csv")] = out / name
         table.to_csv(out / name, index=False)
-    if report.tiers is not None and not report.tiers.empty:
-        paths["tiers"] = out / TIERS_CSV
-        report.tiers.to_csv(paths["tiers"], index=False)
+    for name, extra in report.extra_tables.items():
+        if not extra.table.empty:
+            paths[name] = out / f"{name}.csv"
+            extra.table.to_csv(paths[name], index=False)
     if with_plots:
         report.plots = write_plots(report.summary, out / PLOTS_DIR)
+        for extension in report.extensions:
+            report.plots.extend(extension.plots(report.summary, out / PLOTS_DIR))
         if report.plots:
             paths["plots"] = out / PLOTS_DIR
     report.document = _document(report)
@@ -132,7 +153,7 @@ def _run_ids(rows: pd.DataFrame) -> list[str]:
 
 
 def _document(report: Report) -> dict[str, Any]:
-    return {
+    document: dict[str, Any] = {
         "generated_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "run_dirs": [str(p) for p in report.run_dirs],
         "run_ids": _run_ids(report.rows),
@@ -142,7 +163,6 @@ def _document(report: Report) -> dict[str, Any]:
         "summary": report_json.records(report.summary),
         "paired": report_json.records(report.paired),
         "categories": report_json.records(report.categories),
-        "tiers": [] if report.tiers is None else report_json.records(report.tiers),
         "items": report_json.item_cells(report.items),
         "plots": [
             {"kind": p.kind, "task": p.task, "title": p.title,
@@ -150,6 +170,13 @@ def _document(report: Report) -> dict[str, Any]:
             for p in report.plots
         ],
     }
+    for name, extra in report.extra_tables.items():
+        # report_json adds "schema" and "schema_version" in front of the document.
+        if name in document or name in ("schema", "schema_version"):
+            raise ValueError(f"a report extension adds a table named '{name}', which "
+                             "report.json already has; rename the table")
+        document[name] = report_json.records(extra.table)
+    return document
 
 
 def _distinct(rows: pd.DataFrame, column: str) -> str:
@@ -182,12 +209,8 @@ def _view(report: Report) -> render.Document:
         ("Categories", "The same statistics per item category.",
          render.view(report.categories, render.CATEGORY_VIEW)),
     ]
-    if report.tiers is not None and not report.tiers.empty:
-        sections.append(
-            ("BudgetMem tier selection", "Share of cells that ran each module at each tier, "
-             "with the module's mean compute seconds (heuristic and embedding tiers included) "
-             "and auxiliary tokens (input + output).",
-             render.view(report.tiers, tiers.TIER_VIEW)))
+    sections.extend((extra.title, extra.note, render.view(extra.table, extra.view))
+                    for extra in report.extra_tables.values() if not extra.table.empty)
     return render.Document(
         title="budgetbench report",
         facts=facts,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench.reports import report_json
 from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
-from pytest_budgetbench.reports.tables import paired_deltas
+from pytest_budgetbench.reports.tables import key_values, paired_deltas
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report
@@ -27,7 +27,8 @@ def violation_gate(report: Report, max_rate: float) -> list[str]:
     candidates = summary.loc[~summary["reference"].astype(bool)]
     pooled = candidates.groupby(["strategy", "budget"], sort=True)[["n_ok", "n_violation"]].sum()
     reasons = []
-    for (strategy, budget), counts in pooled.iterrows():
+    for key, counts in pooled.iterrows():
+        strategy, budget = key_values(key)
         ran = int(counts["n_ok"] + counts["n_violation"])
         if ran == 0:
             continue

@@ -43,30 +43,20 @@ def safe_name(text: str, index: int) -> str:
     return f"{index:02d}_{slug}"
 
 
-COST_PARETO_PREFIX = "budgetmem"
-"""Tasks with strategies named so (BudgetMem) get the quality-vs-processing-cost plot."""
-
-
 def write_plots(summary: pd.DataFrame, out_dir: Path) -> list[Plot]:
-    """Quality against tokens and against latency, and a violation heatmap, per task; for
-    tasks with BudgetMem strategies also quality against processing cost (prompt plus
-    auxiliary tokens), where the modules' auxiliary calls show."""
+    """Quality against tokens and against latency, and a violation heatmap, per task.
+    (Report extensions add their own figures; see reports.extensions.)"""
     if summary.empty:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     plots: list[Plot] = []
     for index, (task, cells) in enumerate(summary.groupby("task", sort=True)):
         stem = safe_name(str(task), index)
-        plots.append(_tradeoff(cells, str(task), "tokens_mean", "mean counted prompt tokens",
+        plots.append(tradeoff_plot(cells, str(task), "tokens_mean", "mean counted prompt tokens",
                                out_dir / f"{stem}_quality_tokens.png", "quality_tokens"))
-        plots.append(_tradeoff(cells, str(task), "latency_s_p50", "median latency (s)",
+        plots.append(tradeoff_plot(cells, str(task), "latency_s_p50", "median latency (s)",
                                out_dir / f"{stem}_quality_latency.png", "quality_latency"))
         plots.append(_heatmap(cells, str(task), out_dir / f"{stem}_violations.png"))
-        if cells["strategy"].astype(str).str.startswith(COST_PARETO_PREFIX).any():
-            plots.append(_tradeoff(with_processing_tokens(cells), str(task),
-                                   "processing_tokens_mean",
-                                   "mean tokens processed per cell (prompt + auxiliary in/out)",
-                                   out_dir / f"{stem}_quality_cost.png", "quality_cost"))
     return plots
 
 
@@ -80,9 +70,11 @@ def with_processing_tokens(cells: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _tradeoff(
+def tradeoff_plot(
     cells: pd.DataFrame, task: str, x_column: str, x_label: str, path: Path, kind: str
 ) -> Plot:
+    """Mean quality (with its interval) against ``x_column``, one series per strategy,
+    budgets annotated and the Pareto frontier drawn; written to ``path``."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.6))
     x = cells[x_column].to_numpy(dtype=np.float64)

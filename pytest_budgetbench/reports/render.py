@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.reports.plots import Plot
+from pytest_budgetbench.reports.tables import key_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,10 +159,11 @@ def error_lines(rows: pd.DataFrame) -> list[tuple[str, str, int]]:
     if errors.empty:
         return []
     counts = errors.groupby(["strategy", "error"], sort=False).size().sort_values(ascending=False)
-    return [
-        (str(strategy), _clip(str(message)), int(count))
-        for (strategy, message), count in counts.head(MAX_ERRORS).items()
-    ]
+    lines = []
+    for key, count in counts.head(MAX_ERRORS).items():
+        strategy, message = key_values(key)
+        lines.append((str(strategy), _clip(str(message)), int(count)))
+    return lines
 
 
 def _clip(message: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION
+from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION, key_values
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,7 +41,8 @@ def records(table: pd.DataFrame) -> list[dict[str, Any]]:
 def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
     """Per cell, its items' ids, mean quality (null unless admitted and scored) and status."""
     cells = []
-    for (task, strategy, budget), group in items.groupby(list(CELL), sort=True, observed=True):
+    for key, group in items.groupby(list(CELL), sort=True, observed=True):
+        task, strategy, budget = key_values(key)
         cells.append(
             {
                 "task": task,

@@ -1,6 +1,6 @@
 """Synthetic run records, for tests, the benchmark and trying reports without a model.
 
-Rows follow ROW_FIELDS; qualities are 0/1 draws whose rate rises with the budget, and
+Rows are CellRow records; qualities are 0/1 draws whose rate rises with the budget, and
 reference strategies violate whenever their (long) prompt exceeds the budget.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, SCHEMA_VERSION
+from pytest_budgetbench.records import CELLS_FILE, CellRow
 
 
 def make_row(
@@ -30,11 +30,11 @@ def make_row(
     run_id: str = "run",
     **extra: Any,
 ) -> dict[str, Any]:
-    """One cells.jsonl row; quality is dropped unless the cell was admitted."""
+    """One cells.jsonl row, as written; quality is dropped unless the cell was admitted.
+
+    ``extra`` sets any other CellRow field; a name that is not one is a TypeError."""
     tokens = budget // 2 if counted_tokens is None else counted_tokens
-    row: dict[str, Any] = dict.fromkeys(ROW_FIELDS)
-    row.update(
-        schema=SCHEMA_VERSION,
+    fields: dict[str, Any] = dict(
         run_id=run_id,
         cell_id=f"{task}-{item_id}-{strategy}-{budget}" + (f"-r{repeat}" if repeat else ""),
         task=task,
@@ -60,8 +60,7 @@ def make_row(
         error="" if status != "error" else "synthetic error",
         seed=0,
     )
-    row.update(extra)
-    return row
+    return CellRow(**(fields | extra)).record()
 
 
 def synthetic_rows(

@@ -8,7 +8,7 @@ item counts once however often it was repeated.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,12 @@ DEFAULT_REFERENCE = "full_context"
 
 # Item status after merging repeats: admitted if any repeat was, else violation if any was.
 ADMITTED, VIOLATION, ERROR = "ok", "violation", "error"
+
+
+def key_values(key: Hashable) -> tuple[Any, ...]:
+    """A groupby (or MultiIndex) key as a tuple of its values: pandas gives a tuple for
+    several keys and the bare value for one."""
+    return key if isinstance(key, tuple) else (key,)
 
 
 @dataclass(frozen=True)
@@ -193,13 +199,13 @@ def _quality_stats(
 
     records = []
     for key, group in items.groupby(keys, sort=True, observed=True):
-        key_values = key if isinstance(key, tuple) else (key,)
+        values = key_values(key)
         scores = group["quality"].to_numpy(dtype=np.float64)
         scores = scores[~np.isnan(scores)]
-        rng = cell_rng(seed, "quality", *key_values)
+        rng = cell_rng(seed, "quality", *values)
         records.append(
             {
-                **dict(zip(keys, key_values, strict=True)),
+                **dict(zip(keys, values, strict=True)),
                 "reference": bool(group["reference"].any()),
                 "n_items": len(group),
                 "n_admitted": int((group["status"] == ADMITTED).sum()),
@@ -339,14 +345,14 @@ def paired_table(
         others = task_items.loc[~is_ref]
         merged = others.merge(ref, on="item_id", how="left")
         for key, group in merged.groupby(keys, sort=True, observed=True):
-            key_values = key if isinstance(key, tuple) else (key,)
+            values = key_values(key)
             records.append(
                 {
-                    **dict(zip(keys, key_values, strict=True)),
+                    **dict(zip(keys, values, strict=True)),
                     "ref_strategy": ref_strategy,
                     "ref_budget": ref_budget,
                     **_pair(group, resamples=resamples,
-                            rng=cell_rng(seed, "paired", ref_strategy, ref_budget, *key_values)),
+                            rng=cell_rng(seed, "paired", ref_strategy, ref_budget, *values)),
                 }
             )
     if not records:

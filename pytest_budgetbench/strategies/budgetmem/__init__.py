@@ -7,7 +7,8 @@ query-aware router that picks them, and the fixed-tier controls the paper lacks.
 - :mod:`.strategies`: ``budgetmem_low``, ``_mid``, ``_high``, ``_random``;
 - :mod:`.router`: ``budgetmem@<lambda>`` and its checkpoints;
 - :mod:`.policy`: the torch policy network (imported only by routers and training);
-- :mod:`.train`: PPO training and ``budgetbench train-router``.
+- :mod:`.train`: PPO training and ``budgetbench train-router``;
+- :mod:`.report`: the report extension (tier-selection table, processing-cost plot).
 
 Nothing here imports torch, numpy or an embedding model at import time.
 """

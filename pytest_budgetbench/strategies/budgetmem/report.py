@@ -1,21 +1,33 @@
-"""BudgetMem's tier-selection ratios per module, from the rows' ``strategy_info``.
+"""BudgetMem in the report, as a report extension: the tier-selection table and the
+quality-vs-processing-cost plot. The generic report never imports this module; the
+``budgetbench.reports`` entry point (pyproject.toml) names :data:`EXTENSION`.
 
 A BudgetMem cell records ``strategy_info["budgetmem"]``: the tier each module ran at,
 its compute seconds and its auxiliary tokens. This table gives, per task x strategy x
 budget x module, the share of cells that ran the module at LOW, MID and HIGH, with the
 module's mean compute seconds and auxiliary tokens, so a router's choices can be read
-next to the fixed-tier controls'.
+next to the fixed-tier controls'. For each task with BudgetMem strategies the plot puts
+quality against the tokens processed per cell (prompt plus auxiliary input and output),
+where the modules' auxiliary calls show.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.reports.extensions import ExtraTable
+from pytest_budgetbench.reports.plots import Plot, safe_name, tradeoff_plot, with_processing_tokens
 from pytest_budgetbench.reports.render import Column, col, integer, num, percent
+from pytest_budgetbench.strategies.budgetmem.tiers import MODULES
 
 if TYPE_CHECKING:
     import pandas as pd
+
+STRATEGY_PREFIX = "budgetmem"
+"""Strategies named so (the controls and the routers) are BudgetMem's."""
+TIERS_TABLE = "tiers"
 
 TIER_COLUMNS: tuple[str, ...] = ("task", "strategy", "budget", "module", "n", "low", "mid",
                                  "high", "module_s_mean", "aux_tokens_mean")
@@ -71,7 +83,45 @@ def tier_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame.from_records(records, columns=list(TIER_COLUMNS))
     if table.empty:
         return table
-    order = {m: i for i, m in enumerate(("filter", "entity", "temporal", "topic", "summary"))}
+    order = {m: i for i, m in enumerate(MODULES)}  # pipeline order
     table["_order"] = table["module"].map(lambda m: order.get(m, len(order)))
     table = table.sort_values(["task", "strategy", "budget", "_order"]).drop(columns="_order")
     return table.reset_index(drop=True)
+
+
+def cost_plots(summary: pd.DataFrame, out_dir: Path) -> list[Plot]:
+    """Quality against processing cost, for each task that has BudgetMem strategies."""
+    plots: list[Plot] = []
+    if summary.empty:
+        return plots
+    # The same task order and file stems as the generic plots (plots.write_plots).
+    for index, (task, cells) in enumerate(summary.groupby("task", sort=True)):
+        if not cells["strategy"].astype(str).str.startswith(STRATEGY_PREFIX).any():
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = safe_name(str(task), index)
+        plots.append(tradeoff_plot(
+            with_processing_tokens(cells), str(task), "processing_tokens_mean",
+            "mean tokens processed per cell (prompt + auxiliary in/out)",
+            out_dir / f"{stem}_quality_cost.png", "quality_cost"))
+    return plots
+
+
+class BudgetMemReport:
+    """The report extension: the tier table and the processing-cost plot."""
+
+    name = "budgetmem"
+
+    def tables(self, rows: pd.DataFrame) -> list[ExtraTable]:
+        return [ExtraTable(
+            TIERS_TABLE, "BudgetMem tier selection",
+            "Share of cells that ran each module at each tier, with the module's mean compute "
+            "seconds (heuristic and embedding tiers included) and auxiliary tokens "
+            "(input + output).",
+            tier_table(rows), TIER_VIEW)]
+
+    def plots(self, summary: pd.DataFrame, out_dir: Path) -> list[Plot]:
+        return cost_plots(summary, out_dir)
+
+
+EXTENSION = BudgetMemReport()
