@@ -341,7 +341,7 @@ class Runner:
             "tokenizer": self.tokens.name,
             "tokenizer_exact": self.tokens.exact,
             "prompt_sha256": None,
-            "grader": self.catalog.task(cell.task).grader_version,
+            "grader": self.catalog.task(cell.task).grader_id,
             "error": None,
             "seed": self.settings.seed,
             "worker": os.environ.get("PYTEST_XDIST_WORKER"),
@@ -364,6 +364,7 @@ def make_task(name: str, settings: Settings) -> Task:
         data_path=Path(data) if data else None,
         chunk_tokens=settings.chunk_tokens,
         extra={"history_tokens": settings.memory_history,
-               "locomo_samples": settings.locomo_samples},
+               "locomo_samples": settings.locomo_samples,
+               "grader_variants": settings.grader or {}},
     )
     return cls(options)
