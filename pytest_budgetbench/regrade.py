@@ -139,7 +139,7 @@ def _settings(recorded: dict[str, Any], variants: dict[str, str],
               data_paths: dict[str, str]) -> Settings:
     """The run's settings, as far as grading needs them: no judge (no model calls)."""
     known = {f.name for f in fields(Settings)}
-    values = {key: tuple(value) if isinstance(value, list) else value
+    values: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
               for key, value in recorded.items() if key in known}
     values["data_paths"] = {**(recorded.get("data_paths") or {}), **data_paths}
     values["judge_endpoint"] = None
