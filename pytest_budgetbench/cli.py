@@ -139,10 +139,48 @@ def add_train_router_command(
     parser.set_defaults(handler=train.run_train_router)
 
 
+# -- regrade --------------------------------------------------------------------------------
+def add_regrade_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "regrade",
+        help="grade a run's recorded replies again with the current graders (no model calls)",
+        description="Read RUN_DIR/cells.jsonl and run.json, grade every ok row's recorded "
+        "prediction with the current grader of its task (LLM-judged rows are kept), write the "
+        "rows to a new run directory (default RUN_DIR/regraded; never overwritten) and print "
+        "old vs new mean quality per task and strategy@budget.",
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="a run directory (or its cells.jsonl)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="where the re-graded run goes (default: RUN_DIR/regraded)")
+    parser.add_argument("--grader", metavar="TASK:VARIANT,...",
+                        help="grader variants instead of upstream's (see the README)")
+    parser.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
+                        help="a task's data file, when it moved since the run (repeatable)")
+    parser.set_defaults(handler=run_regrade)
+
+
+def run_regrade(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.config import parse_grader_variants, parse_key_values
+    from pytest_budgetbench.errors import BudgetBenchError
+    from pytest_budgetbench.regrade import format_changes, regrade_run
+
+    try:
+        variants = parse_grader_variants(args.grader) if args.grader else {}
+        data = parse_key_values("--data")(",".join(args.data)) if args.data else {}
+        result = regrade_run(args.run_dir, args.out, variants=variants, data_paths=data)
+    except BudgetBenchError as exc:
+        return _usage(str(exc))
+    for line in format_changes(result):
+        print(line)
+    return EXIT_OK
+
+
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
     add_train_router_command,
+    add_regrade_command,
 ]
 
 

@@ -145,6 +145,20 @@ def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
     return parse
 
 
+def parse_grader_variants(raw: str) -> dict[str, str]:
+    """``TASK:VARIANT[,TASK:VARIANT]`` -> {task: variant} (the task checks the variant name)."""
+    chosen: dict[str, str] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        task, colon, variant = part.partition(":")
+        if not colon or not task.strip() or not variant.strip():
+            raise ConfigError(
+                "--budgetbench-grader must be TASK:VARIANT pairs separated by commas, e.g. "
+                f"--budgetbench-grader=locomo:first-line (got {part!r} in {raw!r})"
+            )
+        chosen[task.strip()] = variant.strip()
+    return chosen
+
+
 def parse_shard(raw: str) -> tuple[int, int]:
     index, slash, count = raw.partition("/")
     if slash and _is_count(index) and _is_count(count) and 1 <= int(index) <= int(count):
@@ -284,6 +298,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
                "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
                metavar="NAME=URL[#MODEL],..."),
+    OptionSpec("grader", "a grader variant per task instead of upstream's grader, "
+               "TASK:VARIANT,... (the README lists each task's variants)",
+               parse_grader_variants, None, metavar="TASK:VARIANT,..."),
     OptionSpec("locomo_samples", "which LoCoMo conversations the locomo task reads: all, "
                "first (BudgetMem's router training split), rest, or sample ids", str, "all",
                env="BUDGETBENCH_LOCOMO_SAMPLES", metavar="all|first|rest|IDS"),
@@ -340,6 +357,7 @@ class Settings:
     concurrency: int | None = None
     strategy_options: dict[str, str] | None = None
     aux_models: dict[str, str] | None = None
+    grader: dict[str, str] | None = None
     data_paths: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -328,7 +328,7 @@ class Runner:
             server_flags=self.endpoint.server_flags,
             tokenizer=self.tokens.name,
             tokenizer_exact=self.tokens.exact,
-            grader=self.catalog.task(cell.task).grader_version,
+            grader=self.catalog.task(cell.task).grader_id,
             seed=self.settings.seed,
             worker=os.environ.get("PYTEST_XDIST_WORKER"),
             time=round(time.time(), 3),
@@ -350,6 +350,7 @@ def make_task(name: str, settings: Settings) -> Task:
         data_path=Path(data) if data else None,
         chunk_tokens=settings.chunk_tokens,
         extra={"history_tokens": settings.memory_history,
-               "locomo_samples": settings.locomo_samples},
+               "locomo_samples": settings.locomo_samples,
+               "grader_variants": settings.grader or {}},
     )
     return cls(options)

@@ -18,8 +18,10 @@ REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa" / (
 )
 
 
-def _task(path: Path | None, chunk_tokens: int = 512) -> HotpotQATask:
-    return HotpotQATask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens))
+def _task(path: Path | None, chunk_tokens: int = 512, variant: str | None = None
+          ) -> HotpotQATask:
+    extra = {"grader_variants": {"hotpotqa": variant}} if variant else {}
+    return HotpotQATask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens, extra=extra))
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def test_paragraphs_become_titled_messages(data_file: Path) -> None:
         ("the Chief of Protocol", "Chief of Protocol", 1.0, 1.0),
         ("Chief of Protocol of the United States", "Chief of Protocol", 2 / 3, 0.0),
         ("", "Chief of Protocol", 0.0, 0.0),
-        ("", "", 0.0, 0.0),  # nothing said is never right, even against an empty gold
+        ("", "", 0.0, 1.0),  # upstream's EM of two empty strings; grade() scores "" as 0
     ],
 )
 def test_official_metrics(reply: str, gold: str, f1: float, em: float) -> None:
@@ -67,14 +69,30 @@ def test_f1_bounded(reply: str, gold: str) -> None:
 def test_grade_uses_f1_and_records_em(data_file: Path) -> None:
     task = _task(data_file)
     bridge = task.load()[1]
-    grade = task.grade(bridge, "**Chief of Protocol**\nShe was appointed in 1976.")
+    grade = task.grade(bridge, "Chief of Protocol")
     assert grade.quality == 1.0 and grade.detail["em"] == 1.0
-    assert grade.extracted == "Chief of Protocol"
-    partial = task.grade(bridge, "Answer: Chief of Protocol of the United States")
+    # Upstream scores the raw reply: an explanation after the answer costs precision.
+    chatty = task.grade(bridge, "**Chief of Protocol**\nShe was appointed in 1976.")
+    assert chatty.quality == pytest.approx(2 * (3 / 8) / (3 / 8 + 1))
+    assert chatty.detail["em"] == 0.0
+    partial = task.grade(bridge, "Chief of Protocol of the United States")
     assert partial.quality == pytest.approx(2 / 3) and partial.detail["em"] == 0.0
     for bad in ("", "   ", "I don't know", "Connection refused"):
         assert task.grade(bridge, bad).quality == 0.0
-    assert grade.grader == "hotpotqa-official-f1/1"
+    assert grade.grader == "hotpotqa-official-f1/2"
+
+
+def test_first_line_variant_reads_the_answer_line_but_never_a_hedge(data_file: Path) -> None:
+    task = _task(data_file, variant="first-line")
+    bridge = task.load()[1]
+    grade = task.grade(bridge, "**Chief of Protocol**\nShe was appointed in 1976.")
+    assert grade.quality == 1.0 and grade.extracted == "Chief of Protocol"
+    assert grade.grader == "hotpotqa-official-f1/2+first-line"
+    labelled = task.grade(bridge, "Answer: Chief of Protocol")
+    assert labelled.quality == 1.0
+    official = _task(data_file)
+    for hedge in ("Chief of Protocol\nAmbassador", "Yes\nNo"):
+        assert task.grade(bridge, hedge).quality == official.grade(bridge, hedge).quality
 
 
 def test_data_errors(tmp_path: Path) -> None:

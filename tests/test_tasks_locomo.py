@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import locomo_samples, write_json
 from pytest_budgetbench.tasks.locomo import NOT_MENTIONED, LoCoMoTask, f1_multi, score
@@ -18,8 +18,14 @@ REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / (
 )
 
 
-def _task(path: Path | None, chunk_tokens: int = 512, seed: int = 0) -> LoCoMoTask:
-    return LoCoMoTask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens, seed=seed))
+def _task(
+    path: Path | None,
+    chunk_tokens: int = 512,
+    seed: int = 0,
+    grader_variants: dict[str, str] | None = None,
+) -> LoCoMoTask:
+    return LoCoMoTask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens, seed=seed,
+                                  extra={"grader_variants": grader_variants or {}}))
 
 
 @pytest.fixture
@@ -67,7 +73,8 @@ def test_temporal_and_adversarial_prompts(items: list[Item]) -> None:
         (0, "adoption agencies", 0.5),
         (0, "", 0.0),
         (1, "7 May 2023", 1.0),
-        (1, "**7 May 2023**\nShe went the day before the chat.", 1.0),
+        # Upstream scores the whole reply: 3 of 8 tokens against a 3-token gold.
+        (1, "**7 May 2023**\nShe went the day before the chat.", 6 / 11),
         (1, "I don't know", 0.0),
         (2, "Likely yes", 1.0),  # category 3: gold before the first ';'
         (3, "Camped and hiked", 1.0),  # Porter stems: camp, hike
@@ -75,6 +82,7 @@ def test_temporal_and_adversarial_prompts(items: list[Item]) -> None:
         (4, "Not mentioned in the conversation", 1.0),
         (4, "(a) No information available.", 1.0),
         (4, "blue", 0.0),
+        (4, "blue\nNot mentioned in the conversation", 1.0),  # the marker on any line
         (4, "", 0.0),
     ],
 )
@@ -82,7 +90,38 @@ def test_official_scoring(data_file: Path, index: int, reply: str, quality: floa
     task = _task(data_file)
     grade = task.grade(task.load()[index], reply)
     assert grade.quality == pytest.approx(quality)
-    assert grade.grader == "locomo-official-f1/1"
+    assert grade.grader == "locomo-official-f1/2"
+
+
+def test_adversarial_option_letters_map_to_their_text(data_file: Path) -> None:
+    task = _task(data_file)
+    item = task.load()[4]
+    options = item.meta["options"]
+    assert set(options) == {NOT_MENTIONED, "blue"}
+    right = "a" if options[0] == NOT_MENTIONED else "b"
+    wrong = "b" if right == "a" else "a"
+    for reply in (right, right.upper(), f"({right})", f" ({right}) "):
+        assert task.grade(item, reply).quality == 1.0, reply
+    for reply in (wrong, f"({wrong})"):
+        assert task.grade(item, reply).quality == 0.0, reply
+    # Upstream reads any other one- or three-character reply as option (b).
+    assert task.grade(item, "c").quality == float(right == "b")
+
+
+def test_first_line_variant(data_file: Path) -> None:
+    task = _task(data_file, grader_variants={"locomo": "first-line"})
+    items = task.load()
+    grade = task.grade(items[1], "**7 May 2023**\nShe went the day before the chat.")
+    assert grade.quality == 1.0
+    assert grade.grader == "locomo-official-f1/2+first-line"
+    # A hedge is scored whole, as upstream scores it.
+    hedge = "7 May 2023\n8 May 2023"
+    assert task.grade(items[1], hedge).quality == _task(data_file).grade(items[1], hedge).quality
+
+
+def test_unknown_grader_variant_is_a_usage_error(data_file: Path) -> None:
+    with pytest.raises(ConfigError, match=r"locomo:strict.*known: first-line"):
+        _task(data_file, grader_variants={"locomo": "strict"})
 
 
 def test_partial_f1_by_hand() -> None:

@@ -10,7 +10,11 @@ import pytest
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks._fixtures import longbench_v2_records, write_json
-from pytest_budgetbench.tasks.longbench_v2 import LongBenchV2Task, extract_answer
+from pytest_budgetbench.tasks.longbench_v2 import (
+    LongBenchV2Task,
+    extract_answer,
+    extract_answer_guarded,
+)
 
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "longbench_v2" / (
     "longbench_v2_dev12.json"
@@ -56,7 +60,7 @@ def test_a_directory_holding_data_json_is_accepted(data_file: Path) -> None:
         ("I don't know", None),
         ("B", None),  # no official phrase: no answer
         ("Because the text says so, B.", None),
-        ("The correct answer is Because of the vault", None),
+        ("The correct answer is Because of the vault", "B"),  # upstream reads a word's letter
         ("The correct answer is (B)", "B"),
         ("**The correct answer is (B)**", "B"),
         ("The correct answer is **B**.", "B"),
@@ -71,6 +75,23 @@ def test_official_extraction(reply: str | None, letter: str | None) -> None:
     assert extract_answer(reply) == letter
 
 
+@pytest.mark.parametrize(
+    ("reply", "letter"),
+    [
+        ("The correct answer is (B)", "B"),
+        ("The correct answer is D", "D"),
+        ("The correct answer is Because of the vault", None),
+        ("The correct answer is Because ... so The correct answer is D", None),
+        ("The correct answer is (A) or The correct answer is (C)", None),  # a hedge
+        ("The correct answer is (C). Indeed, The correct answer is C", "C"),
+        ("no phrase at all", None),
+    ],
+)
+def test_word_guard_variant_is_never_more_lenient(reply: str, letter: str | None) -> None:
+    assert extract_answer_guarded(reply) == letter
+    assert letter is None or extract_answer(reply) == letter
+
+
 def test_grades(data_file: Path) -> None:
     task = _task(data_file)
     item = task.load()[0]
@@ -80,7 +101,13 @@ def test_grades(data_file: Path) -> None:
     assert empty.quality == 0.0 and empty.extracted == ""
     assert task.grade(item, "Connection refused").quality == 0.0
     assert task.grade(item, "Because B is right").quality == 0.0
-    assert empty.grader == "longbench-v2-official-extract/1" == task.grader_version
+    assert task.grade(item, "The correct answer is Because").quality == 1.0  # as upstream
+    assert empty.grader == "longbench-v2-official-extract/2" == task.grader_version
+    guarded = LongBenchV2Task(TaskOptions(data_path=data_file, extra={
+        "grader_variants": {"longbench_v2": "word-guard"}}))
+    grade = guarded.grade(item, "The correct answer is Because")
+    assert grade.quality == 0.0
+    assert grade.grader == "longbench-v2-official-extract/2+word-guard"
 
 
 def _one_line(exc: pytest.ExceptionInfo[DataError]) -> str:

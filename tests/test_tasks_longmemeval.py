@@ -116,17 +116,19 @@ def test_judge_protocol(data_file: Path) -> None:
     items = _by_id(task)
     grade = task.grade(items["gpt4_2655b836"], "8 days")
     assert grade.quality == 1.0
-    assert grade.grader == JUDGE_GRADER
+    assert grade.grader == f"{JUDGE_GRADER};judge=judge-model-x"
     assert grade.detail == {"judge_model": "judge-model-x",
                             "judge_prompt_version": JUDGE_PROMPT_VERSION, "label": "Yes."}
-    assert "off by one" in judge.prompts[-1]
+    assert "do not penalize off-by-one errors" in judge.prompts[-1]
     assert "How many days passed between my two dentist visits?" in judge.prompts[-1]
     assert "Current date" not in judge.prompts[-1]
+    assert judge.prompts[-1].endswith("Model Response: 8 days\n\nIs the model response "
+                                      "correct? Answer yes or no only.")
 
     task.grade(items["09ba9854_abs"], "I can't tell.")
-    assert "cannot be answered" in judge.prompts[-1]
+    assert "correctly identify the question as unanswerable" in judge.prompts[-1]
     task.grade(items["6a1eabeb"], "garage")
-    assert "even if it also mentions" in judge.prompts[-1]
+    assert "some previous information along with an updated answer" in judge.prompts[-1]
     task.grade(items["8a2466db"], "a drama")
     assert "Rubric:" in judge.prompts[-1]
 

@@ -88,9 +88,14 @@ def test_proxy_score() -> None:
 def test_extract_diff_from_replies() -> None:
     fenced = f"Here is the fix:\n```diff\n{UTIL_ONLY}```\nThis swaps the operator."
     assert parse_diff(extract_diff(fenced)).keys() == {"src/pkg/util.py"}
+    # SWE-bench's extract_diff: without a fenced or tagged block, the whole reply.
     inline = f"Sure.\n{UTIL_ONLY}"
-    assert extract_diff(inline).startswith("--- a/src/pkg/util.py")
-    assert extract_diff("The bug is in add(); change - to +.") == ""
+    assert extract_diff(inline) == inline
+    assert parse_diff(extract_diff(inline)).keys() == {"src/pkg/util.py"}
+    prose = "The bug is in add(); change - to +.</s>ignored"
+    assert extract_diff(prose) == "The bug is in add(); change - to +."
+    two = f"```python\nx = 1\n```\n<patch>{UTIL_ONLY}</patch>"
+    assert extract_diff(two) == UTIL_ONLY  # a diff or patch block wins over others
     assert extract_diff("") == extract_diff(None) == ""
 
 
@@ -103,7 +108,7 @@ def test_grade(data_file: Path, item: Item) -> None:
     for bad in ("", "I don't know", "Connection refused", "**Fix add()**"):
         grade = task.grade(item, bad)
         assert grade.quality == 0.0 and grade.extracted == ""
-    assert task.grade(item, "").grader == "swe-verified-patch-proxy/1"
+    assert task.grade(item, "").grader == "swe-verified-patch-proxy/2"
 
 
 def test_loader_messages(data_file: Path) -> None:

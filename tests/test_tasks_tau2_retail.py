@@ -17,8 +17,10 @@ GOOD = {"name": "find_user_id_by_name_zip",
         "arguments": {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}}
 
 
-def _task(path: Path | None, chunk_tokens: int = 128) -> Tau2RetailTask:
-    return Tau2RetailTask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens))
+def _task(path: Path | None, chunk_tokens: int = 128, variant: str | None = None
+          ) -> Tau2RetailTask:
+    extra = {"grader_variants": {"tau2_retail": variant}} if variant else {}
+    return Tau2RetailTask(TaskOptions(data_path=path, chunk_tokens=chunk_tokens, extra=extra))
 
 
 @pytest.fixture
@@ -58,13 +60,19 @@ def test_parent_folders_are_accepted(domain: Path) -> None:
         (json.dumps(GOOD), 1.0),
         (f"```json\n{json.dumps(GOOD, indent=2)}\n```", 1.0),
         ('I will authenticate first: {"name": "find_user_id_by_name_zip", "arguments": '
-         '{"first_name": "yusuf", "last_name": "ROSSI ", "zip": 19122}}', 1.0),
+         '{"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}}', 1.0),
+        # tau2 compares with ==: case, spaces and types count.
+        ('{"name": "find_user_id_by_name_zip", "arguments": '
+         '{"first_name": "yusuf", "last_name": "ROSSI ", "zip": 19122}}', 0.0),
         ('{"name": "find_user_id_by_name_zip", "arguments": "{\\"first_name\\": \\"Yusuf\\", '
          '\\"last_name\\": \\"Rossi\\", \\"zip\\": \\"19122\\"}"}', 1.0),
+        # Without compare_args tau2 compares the predicted call's keys: an extra one fails...
         ('{"name": "find_user_id_by_name_zip", "arguments": {"first_name": "Yusuf", '
-         '"last_name": "Rossi", "zip": "19122", "extra": 1}}', 1.0),
+         '"last_name": "Rossi", "zip": "19122", "extra": 1}}', 0.0),
+        # ... and a missing one is not compared.
         ('{"name": "find_user_id_by_name_zip", "arguments": {"first_name": "Yusuf", '
-         '"last_name": "Rossi"}}', 0.0),
+         '"last_name": "Rossi"}}', 1.0),
+        (' {"name": " find_user_id_by_name_zip", "arguments": {}}', 0.0),
         ('{"name": "find_user_id_by_email", "arguments": {"email": "yusuf.rossi@example.com"}}',
          0.0),
         ("I'll look the user up by name and zip code.", 0.0),
@@ -76,7 +84,16 @@ def test_parent_folders_are_accepted(domain: Path) -> None:
 def test_first_action_grader(domain: Path, item: Item, reply: str, quality: float) -> None:
     grade = _task(domain).grade(item, reply)
     assert grade.quality == quality
-    assert grade.grader == "tau2-retail-first-action-proxy/1"
+    assert grade.grader == "tau2-retail-first-action-proxy/2"
+
+
+def test_all_args_variant_also_fails_a_missing_argument(domain: Path, item: Item) -> None:
+    strict = _task(domain, variant="all-args")
+    missing = '{"name": "find_user_id_by_name_zip", "arguments": {"first_name": "Yusuf", ' \
+              '"last_name": "Rossi"}}'
+    assert strict.grade(item, missing).quality == 0.0
+    grade = strict.grade(item, json.dumps(GOOD))
+    assert grade.quality == 1.0 and grade.grader == "tau2-retail-first-action-proxy/2+all-args"
 
 
 def test_partial_arguments_are_reported(domain: Path, item: Item) -> None:

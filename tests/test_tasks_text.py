@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_budgetbench.tasks._porter import porter_stem
 from pytest_budgetbench.tasks._text import (
     LOCOMO_ARTICLES,
     chunk_text,
     contains_phrase,
     document_messages,
     normalize_answer,
+    porter_stem,
     says_unanswerable,
     short_answer,
     token_f1,

@@ -9,13 +9,15 @@ boundary regex, collapse whitespace.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from pytest_budgetbench.errors import require
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.tasks._porter import porter_stem
 
 CHARS_PER_TOKEN = 4
 """How tasks approximate tokens when chunking: the tokenizer is not known at load time."""
@@ -73,6 +75,20 @@ def token_f1(prediction: Sequence[str], gold: Sequence[str]) -> tuple[float, flo
     return 2 * precision * recall / (precision + recall), precision, recall
 
 
+@functools.cache
+def _nltk_stemmer() -> Callable[[str], str]:
+    stem_module: Any = require("nltk.stem", "locomo", "LoCoMo's official F1 (Porter stems)")
+    # LoCoMo's evaluation.py builds PorterStemmer() with its default mode, NLTK_EXTENSIONS.
+    stem: Callable[[str], str] = stem_module.PorterStemmer().stem
+    return stem
+
+
+@functools.lru_cache(maxsize=65536)
+def porter_stem(word: str) -> str:
+    """``nltk.stem.PorterStemmer().stem(word)``, exactly as LoCoMo's scorer stems."""
+    return _nltk_stemmer()(word)
+
+
 def stemmed_tokens(text: str, articles: Sequence[str] = LOCOMO_ARTICLES) -> list[str]:
     """Normalised, Porter-stemmed tokens (LoCoMo's F1 input)."""
     return [porter_stem(word) for word in normalize_answer(text, articles).split()]
@@ -98,6 +114,39 @@ def short_answer(reply: str | None) -> str:
         if line:
             return line
     return ""
+
+
+_SHORT_LINE_WORDS = 6
+_HEDGE_OPENERS = frozenset({"or", "maybe", "perhaps", "possibly", "alternatively"})
+_SENTENCE = re.compile(r"^\S+(?:\s+\S+){2,}[.!?]$")
+
+
+def first_line_unless_hedged(reply: str | None) -> str:
+    """The ``first-line`` grader variant's answer: ``short_answer(reply)``, unless the
+    reply hedges, then the raw reply (scored as upstream scores it).
+
+    Chatty small models put the answer on the first line and an explanation after it; the
+    variant scores that line. A hedge must never gain from this, so the reply is returned
+    whole when its words hold both "yes" and "no", when a later line opens with "or",
+    "maybe", "perhaps", "possibly" or "alternatively", or when two or more lines are
+    different short answers (at most six words, and not a sentence of three or more words
+    ending in ``.``, ``!`` or ``?``), e.g. ``"Paris\nLyon"``.
+    """
+    raw = reply or ""
+    lines = [_ANSWER_LABEL.sub("", line).strip() for line in clean_reply(raw).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    if {"yes", "no"} <= set(normalize_answer(raw).split()):
+        return raw
+    openers = {(normalize_answer(line).split() or [""])[0] for line in lines[1:]}
+    if openers & _HEDGE_OPENERS:
+        return raw
+    candidates = {normalize_answer(line) for line in lines
+                  if len(line.split()) <= _SHORT_LINE_WORDS and not _SENTENCE.match(line)}
+    if len(candidates) > 1:
+        return raw
+    return lines[0]
 
 
 def contains_phrase(haystack: str, needle: str) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
 
 
@@ -57,9 +58,32 @@ class Task(ABC):
     """Recorded in every row, e.g. ``memory-contains/1``: bump it when grading changes."""
     needs_data: ClassVar[bool] = False
     """True when the task reads an official file (``--budgetbench-data-<task>=PATH``)."""
+    grader_variants: ClassVar[dict[str, str]] = {}
+    """Named graders that depart from upstream's, name -> what changes; off by default.
+
+    ``--budgetbench-grader=TASK:VARIANT`` (``TaskOptions.extra["grader_variants"]``) picks
+    one; the row's grader id is then ``<grader_version>+<variant>``.
+    """
 
     def __init__(self, options: TaskOptions) -> None:
         self.options = options
+        self.grader_variant = self._chosen_variant()
+
+    def _chosen_variant(self) -> str | None:
+        chosen = (self.options.extra.get("grader_variants") or {}).get(self.name)
+        if chosen is None or chosen in self.grader_variants:
+            return chosen
+        known = ", ".join(sorted(self.grader_variants)) or "none"
+        raise ConfigError(f"--budgetbench-grader={self.name}:{chosen}: task {self.name!r} has "
+                          f"no grader variant {chosen!r} (known: {known}); drop it to use "
+                          "the default, upstream's grader")
+
+    @property
+    def grader_id(self) -> str:
+        """What rows record as ``grader``: the version, plus the variant when one is chosen."""
+        if self.grader_variant is None:
+            return self.grader_version
+        return f"{self.grader_version}+{self.grader_variant}"
 
     @abstractmethod
     def load(self) -> list[Item]:

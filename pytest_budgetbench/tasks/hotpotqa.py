@@ -11,24 +11,28 @@ becomes several. The final user message asks for the answer span alone.
 Category: the question ``type`` (``bridge`` or ``comparison``); ``level`` and the
 supporting titles are in ``Item.meta``.
 
-Grader ``hotpotqa-official-f1/1``: the official ``hotpot_evaluate_v1.py`` answer metrics on
-the reply's first non-empty line (markdown and an "Answer:" label removed): SQuAD
-normalisation, exact match, token F1, F1 = 0 when either side normalises to yes / no /
-noanswer and they differ. ``Grade.quality`` is the F1; EM, precision and recall are in
-``Grade.detail``. An empty reply scores 0.
+Grader ``hotpotqa-official-f1/2``: the official ``hotpot_evaluate_v1.py`` answer metrics on
+the raw reply: SQuAD normalisation, exact match, token F1, F1 = 0 when either side
+normalises to yes / no / noanswer and they differ. ``Grade.quality`` is the F1; EM,
+precision and recall are in ``Grade.detail``. An empty reply scores 0.
+
+Variant ``first-line`` (``--budgetbench-grader=hotpotqa:first-line``): the same metrics on
+the reply's first non-empty line (markdown and an "Answer:" label removed), for chatty
+small models; a hedge (both yes and no, or several different short answers on separate
+lines) is scored whole, as upstream scores it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import (
     document_messages,
+    first_line_unless_hedged,
     normalize_answer,
-    short_answer,
     token_f1,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -44,8 +48,7 @@ SYSTEM_PROMPT = (
 
 
 def exact_match(prediction: str, gold: str) -> float:
-    normalised = normalize_answer(prediction)
-    return float(bool(normalised) and normalised == normalize_answer(gold))
+    return float(normalize_answer(prediction) == normalize_answer(gold))
 
 
 def f1_score(prediction: str, gold: str) -> tuple[float, float, float]:
@@ -58,8 +61,12 @@ def f1_score(prediction: str, gold: str) -> tuple[float, float, float]:
 
 class HotpotQATask(Task):
     name = "hotpotqa"
-    grader_version = "hotpotqa-official-f1/1"
+    grader_version = "hotpotqa-official-f1/2"
     needs_data = True
+    grader_variants: ClassVar[dict[str, str]] = {
+        "first-line": "score the reply's first non-empty line, without markdown and an "
+                      "'Answer:' label; a hedge is scored whole",
+    }
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, OFFICIAL_FILES)
@@ -88,13 +95,15 @@ class HotpotQATask(Task):
         )
 
     def grade(self, item: Item, prediction: str) -> Grade:
-        extracted = short_answer(prediction)
-        if not extracted:
-            return Grade(0.0, "", self.grader_version, {"em": 0.0, "precision": 0.0,
-                                                         "recall": 0.0})
+        extracted = prediction or ""
+        if self.grader_variant == "first-line":
+            extracted = first_line_unless_hedged(extracted)
+        if not extracted.strip():
+            return Grade(0.0, "", self.grader_id, {"em": 0.0, "precision": 0.0,
+                                                    "recall": 0.0})
         f1, precision, recall = f1_score(extracted, str(item.answer))
         em = exact_match(extracted, str(item.answer))
-        return Grade(f1, extracted, self.grader_version,
+        return Grade(f1, extracted, self.grader_id,
                      {"em": em, "precision": precision, "recall": recall})
 
 

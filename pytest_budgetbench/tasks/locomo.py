@@ -19,12 +19,21 @@ or comma-separated sample ids. Items are numbered as in the whole file either wa
 Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
 (3), ``single-hop`` (4), ``adversarial`` (5).
 
-Grader ``locomo-official-f1/1``: upstream's rules on the reply's first non-empty line
-(markdown and an "Answer:" label removed): token F1 after normalisation (lower-case, no
-punctuation, no a/an/the/and) with Porter stems; category 1 splits prediction and gold
-on commas and averages, over gold parts, the best F1; category 3 scores against the gold
-before the first ``;``; category 5 scores 1 iff the answer says "no information
-available" or "not mentioned". An empty reply scores 0.
+Grader ``locomo-official-f1/2``: upstream's ``eval_question_answering`` on the raw reply
+(stripped), as ``task_eval/evaluation.py`` scores it: token F1 after normalisation
+(lower-case, no punctuation, no a/an/the/and) with ``nltk.stem.PorterStemmer()`` stems;
+category 1 splits prediction and gold on commas and averages, over gold parts, the best
+F1; category 3 scores against the gold before the first ``;``; category 5 first maps an
+option-letter reply to its option's text as upstream's ``get_cat_5_answer`` does (a
+one-character reply containing "a" is option (a), any other one-character reply (b); a
+three-character reply containing "(a)" is (a), any other three-character reply (b)),
+then scores 1 iff it contains "no information available" or "not mentioned", on any
+line. An empty reply scores 0. Needs nltk (``pip install 'pytest-budgetbench[locomo]'``).
+
+Variant ``first-line`` (``--budgetbench-grader=locomo:first-line``): the same rules on the
+reply's first non-empty line (markdown and an "Answer:" label removed), for chatty small
+models; a hedge (both yes and no, or several different short answers on separate lines)
+is scored whole, as upstream scores it.
 """
 
 from __future__ import annotations
@@ -32,12 +41,17 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
-from pytest_budgetbench.tasks._text import document_messages, short_answer, stemmed_tokens, token_f1
+from pytest_budgetbench.tasks._text import (
+    document_messages,
+    first_line_unless_hedged,
+    stemmed_tokens,
+    token_f1,
+)
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
@@ -60,7 +74,22 @@ TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
 _SESSION_KEY = re.compile(r"session_(\d+)")
 
 
-# -- scoring (upstream task_eval/evaluation.py, re-implemented) ------------------------------
+# -- scoring (upstream task_eval/evaluation.py and gpt_utils.py, re-implemented) ------------
+def cat_5_answer(prediction: str, options: tuple[str, str]) -> str:
+    """Upstream's ``get_cat_5_answer``: an option letter becomes its option's text.
+
+    Upstream tests lengths of the stripped, lower-cased reply: one character means a
+    letter ("a" -> option (a), anything else -> (b)), three characters a parenthesised
+    one ("(a)" -> (a), anything else -> (b)); any other reply is kept (lower-cased).
+    """
+    said = prediction.strip().lower()
+    if len(said) == 1:
+        return options[0] if "a" in said else options[1]
+    if len(said) == 3:
+        return options[0] if "(a)" in said else options[1]
+    return said
+
+
 def f1_score(prediction: str, gold: str) -> float:
     return token_f1(stemmed_tokens(prediction), stemmed_tokens(gold))[0]
 
@@ -87,8 +116,12 @@ def score(category: int, prediction: str, gold: str) -> float:
 
 class LoCoMoTask(Task):
     name = "locomo"
-    grader_version = "locomo-official-f1/1"
+    grader_version = "locomo-official-f1/2"
     needs_data = True
+    grader_variants: ClassVar[dict[str, str]] = {
+        "first-line": "score the reply's first non-empty line, without markdown and an "
+                      "'Answer:' label; a hedge is scored whole",
+    }
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("locomo10.json",))
@@ -173,6 +206,7 @@ class LoCoMoTask(Task):
             random.Random(f"locomo/{self.options.seed}/{item_id}").shuffle(options)
             question += f" Select the correct answer: (a) {options[0]} (b) {options[1]}."
             meta["adversarial_answer"] = adversarial
+            meta["options"] = tuple(options)
             answer = NOT_MENTIONED
         else:
             answer = str(qa["answer"])
@@ -181,9 +215,15 @@ class LoCoMoTask(Task):
                     category=CATEGORY_NAMES[category], meta=meta)
 
     def grade(self, item: Item, prediction: str) -> Grade:
-        extracted = short_answer(prediction)
-        quality = score(int(item.meta["qa_category"]), extracted, str(item.answer))
-        return Grade(quality=quality, extracted=extracted, grader=self.grader_version)
+        reply = prediction or ""
+        if self.grader_variant == "first-line":
+            reply = first_line_unless_hedged(reply)
+        category = int(item.meta["qa_category"])
+        if category == 5:
+            reply = cat_5_answer(reply, item.meta["options"])
+        extracted = reply.strip()
+        quality = score(category, extracted, str(item.answer))
+        return Grade(quality=quality, extracted=extracted, grader=self.grader_id)
 
 
 def _session_numbers(conversation: dict[str, Any]) -> list[int]:

@@ -13,16 +13,19 @@ answer "The correct answer is (X)". Joined, the messages are the official prompt
 Category: the item's ``difficulty`` (easy/hard), as the paper reports it; ``length``,
 ``domain`` and ``sub_domain`` are kept in ``Item.meta`` for other splits.
 
-Grader ``longbench-v2-official-extract/1``: the official ``extract_answer``: remove
+Grader ``longbench-v2-official-extract/2``: the official ``extract_answer``: remove
 ``*``, then ``The correct answer is \\(([A-D])\\)``, else ``The correct answer is
-([A-D])``, else no answer (wrong). One guard is added to the second pattern: the letter
-must not begin a longer word, so "The correct answer is Because ..." is not read as B.
+([A-D])``, else no answer (wrong); the first match wins.
+
+Variant ``word-guard`` (``--budgetbench-grader=longbench_v2:word-guard``), stricter: no
+answer when a bare letter begins a longer word ("The correct answer is Because ...", which
+upstream reads as B) or when the reply states different letters; otherwise upstream's.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
@@ -46,7 +49,8 @@ Choices:
 Format your response as follows: "The correct answer is (insert answer here)"."""
 
 _WITH_PARENS = re.compile(r"The correct answer is \(([A-D])\)")
-_BARE = re.compile(r"The correct answer is ([A-D])(?![A-Za-z])")
+_BARE = re.compile(r"The correct answer is ([A-D])")
+_BARE_WORD = re.compile(r"The correct answer is [A-D][A-Za-z]")
 
 
 def extract_answer(reply: str | None) -> str | None:
@@ -56,10 +60,26 @@ def extract_answer(reply: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+def extract_answer_guarded(reply: str | None) -> str | None:
+    """The ``word-guard`` variant: upstream's letter, or None when it may be misread.
+
+    Never more lenient than upstream: it returns upstream's letter or nothing.
+    """
+    text = (reply or "").replace("*", "")
+    if _BARE_WORD.search(text):
+        return None
+    stated = set(_WITH_PARENS.findall(text)) | set(_BARE.findall(text))
+    return extract_answer(text) if len(stated) == 1 else None
+
+
 class LongBenchV2Task(Task):
     name = "longbench_v2"
-    grader_version = "longbench-v2-official-extract/1"
+    grader_version = "longbench-v2-official-extract/2"
     needs_data = True
+    grader_variants: ClassVar[dict[str, str]] = {
+        "word-guard": "no answer when the letter begins a word ('The correct answer is "
+                      "Because') or the reply states different letters",
+    }
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("data.json",))
@@ -94,9 +114,10 @@ class LongBenchV2Task(Task):
         )
 
     def grade(self, item: Item, prediction: str) -> Grade:
-        letter = extract_answer(prediction)
+        guarded = self.grader_variant == "word-guard"
+        letter = extract_answer_guarded(prediction) if guarded else extract_answer(prediction)
         quality = 1.0 if letter is not None and letter == item.answer else 0.0
-        return Grade(quality=quality, extracted=letter or "", grader=self.grader_version,
+        return Grade(quality=quality, extracted=letter or "", grader=self.grader_id,
                      detail={"gold": item.answer})
 
 

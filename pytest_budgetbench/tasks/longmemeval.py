@@ -21,10 +21,15 @@ Graders:
   (or its first clause) as whole words, number words read as digits; abstention needs an
   explicit "not mentioned / unknown"-style phrase; preference questions (whose gold is a
   rubric) score the fraction of the rubric's content words found in the reply.
-- ``longmemeval-llm-judge/1`` (``TaskOptions.judge`` set): the upstream protocol with
-  instructions in our own words per question type; the label is correct iff "yes" is in
-  the judge's reply. ``Grade.detail`` records the judge model, the judge prompt version
-  and the raw label. A judge failure raises (it is an endpoint error, never a grade).
+- ``longmemeval-llm-judge/2`` (``TaskOptions.judge`` set): upstream's
+  ``evaluate_qa.py``: the judge gets upstream's ``get_anscheck_prompt`` text for the
+  question type, byte for byte (abstention when ``_abs`` is in the question id), with the
+  raw reply as the model response, as one user message at temperature 0 with
+  ``max_tokens`` 10; the label is correct iff "yes" is in the judge's stripped, lower-cased
+  reply. The row's grader id names the judge model
+  (``longmemeval-llm-judge/2;judge=<model>``; upstream uses gpt-4o-2024-08-06);
+  ``Grade.detail`` also has the raw label. An empty (or whitespace-only) reply scores 0
+  without a judge call. A judge failure raises (it is an endpoint error, never a grade).
 
 export(): the upstream evaluator's JSONL, ``{"question_id", "hypothesis"}`` per line, one
 file per strategy and budget (``longmemeval_hypotheses.<strategy>-<budget>.jsonl``).
@@ -65,9 +70,10 @@ SYSTEM_PROMPT = (
     "Below are earlier chat sessions between you and the user, each message marked with "
     "its session's date. Answer the user's final question from this chat history."
 )
-JUDGE_GRADER = "longmemeval-llm-judge/1"
-JUDGE_PROMPT_VERSION = "longmemeval-judge-prompt/1"
+JUDGE_GRADER = "longmemeval-llm-judge/2"
+JUDGE_PROMPT_VERSION = "longmemeval-anscheck@9e0b455"
 JUDGE_MAX_TOKENS = 10
+"""Upstream's call settings: n=1, temperature 0 (the judge ChatModel's), max_tokens 10."""
 
 _NUMBER_WORDS = {
     word: str(value)
@@ -152,9 +158,9 @@ class LongMemEvalTask(Task):
 
     # -- grading --------------------------------------------------------------------------
     def grade(self, item: Item, prediction: str) -> Grade:
-        reply = (prediction or "").strip()
         if self.options.judge is not None:
-            return self._judge(item, reply)
+            return self._judge(item, prediction or "")
+        reply = (prediction or "").strip()
         if not reply:
             return Grade(0.0, "", self.grader_version, {"mode": "empty"})
         quality, mode = diagnostic_score(item.category, item.answer, reply)
@@ -163,17 +169,19 @@ class LongMemEvalTask(Task):
     def _judge(self, item: Item, reply: str) -> Grade:
         judge = self.options.judge
         model = str(getattr(judge, "model", type(judge).__name__))
+        grader = f"{JUDGE_GRADER};judge={model}"
         detail: dict[str, Any] = {"judge_model": model,
                                   "judge_prompt_version": JUDGE_PROMPT_VERSION}
-        if not reply:
+        if not reply.strip():
             # An empty reply is wrong whatever a judge might say about it.
-            return Grade(0.0, "", JUDGE_GRADER, {**detail, "label": None})
+            return Grade(0.0, "", grader, {**detail, "label": None})
         question = str(item.meta.get("question", item.messages[-1]["content"]))
-        prompt = judge_prompt(item.category, question, item.answer, reply)
+        prompt = judge_prompt(str(item.meta.get("question_type", item.category)), question,
+                              item.answer, reply, abstention="_abs" in item.item_id)
         label = judge.complete([{"role": "user", "content": prompt}],
                                max_tokens=JUDGE_MAX_TOKENS).text
-        quality = 1.0 if "yes" in (label or "").lower() else 0.0
-        return Grade(quality, reply, JUDGE_GRADER, {**detail, "label": label})
+        quality = 1.0 if judge_label(label) else 0.0
+        return Grade(quality, reply, grader, {**detail, "label": label})
 
     def export(self, item: Item, prediction: str, cell_id: str) -> tuple[str, dict[str, Any]]:
         name = f"longmemeval_hypotheses.{cell_suffix(cell_id)}.jsonl"
@@ -205,45 +213,66 @@ def diagnostic_score(category: str, answer: str, reply: str) -> tuple[float, str
     return float(found), "contains"
 
 
-# -- the judge -----------------------------------------------------------------------------
-_JUDGE_RULES = {
-    "default": (
-        "Say yes if the response gives the correct answer, or something equivalent to it. "
-        "Say yes also if the response contains the correct answer along with other text, "
-        "and no if it gives only part of the answer or a different answer."
-    ),
+# -- the judge (upstream src/evaluation/evaluate_qa.py, byte for byte) ---------------------
+_INTRO = ("I will give you a question, a correct answer, and a response from a model. Please "
+          "answer yes if the response contains the correct answer. Otherwise, answer no. ")
+_STEPS = ("If the response is equivalent to the correct answer or contains all the "
+          "intermediate steps to get the correct answer, you should also answer yes. If the "
+          "response only contains a subset of the information required by the answer, "
+          "answer no. ")
+_FIELDS = "\n\nQuestion: {}\n\nCorrect Answer: {}\n\nModel Response: {}\n\n"
+_ASK = "Is the model response correct? Answer yes or no only."
+
+JUDGE_TEMPLATES: dict[str, str] = {
+    "default": _INTRO + _STEPS + _FIELDS + _ASK,
     "temporal-reasoning": (
-        "Say yes if the response gives the correct answer or an equivalent one. When the "
-        "answer is a count of days, weeks or months, a count that is off by one is still "
-        "acceptable. Say no if the response gives a different answer or only part of it."
+        _INTRO + _STEPS + "In addition, do not penalize off-by-one errors for the number of "
+        "days. If the question asks for the number of days/weeks/months, etc., and the model "
+        "makes off-by-one errors (e.g., predicting 19 days when the answer is 18), the "
+        "model's response is still correct. " + _FIELDS + _ASK
     ),
     "knowledge-update": (
-        "The user's information changed over time and the correct answer is the latest "
-        "value. Say yes if the response gives the updated answer, even if it also mentions "
-        "the earlier information; say no if it gives only the old information."
+        _INTRO + "If the response contains some previous information along with an updated "
+        "answer, the response should be considered as correct as long as the updated answer "
+        "is the required answer." + _FIELDS + _ASK
     ),
     "single-session-preference": (
-        "The correct answer below is a rubric describing what a personalised response "
-        "should do. Say yes if the response follows the rubric and uses the user's personal "
-        "information correctly; it need not cover every point of the rubric."
+        "I will give you a question, a rubric for desired personalized response, and a "
+        "response from a model. Please answer yes if the response satisfies the desired "
+        "response. Otherwise, answer no. The model does not need to reflect all the points "
+        "in the rubric. The response is correct as long as it recalls and utilizes the "
+        "user's personal information correctly.\n\nQuestion: {}\n\nRubric: {}\n\n"
+        "Model Response: {}\n\n" + _ASK
     ),
     "abstention": (
-        "This question cannot be answered from the conversation history. Say yes if the "
-        "response says so (that the information is not available, or that it cannot "
-        "answer), and no if it tries to give a concrete answer."
+        "I will give you an unanswerable question, an explanation, and a response from a "
+        "model. Please answer yes if the model correctly identifies the question as "
+        "unanswerable. The model could say that the information is incomplete, or some "
+        "other information is given but the asked information is not.\n\nQuestion: {}\n\n"
+        "Explanation: {}\n\nModel Response: {}\n\nDoes the model correctly identify the "
+        "question as unanswerable? Answer yes or no only."
     ),
 }
+_DEFAULT_TYPES = ("single-session-user", "single-session-assistant", "multi-session")
 
 
-def judge_prompt(category: str, question: str, answer: str, response: str) -> str:
-    """The judge's instruction for one question type (our wording; upstream protocol)."""
-    rules = _JUDGE_RULES.get(category, _JUDGE_RULES["default"])
-    gold = "Explanation" if category == "abstention" else "Correct answer"
-    if category == "single-session-preference":
-        gold = "Rubric"
-    return (
-        "You are grading a chat assistant's answer to a question about its past "
-        f"conversations with a user. {rules}\n\n"
-        f"Question: {question}\n\n{gold}: {answer}\n\nResponse: {response}\n\n"
-        "Is the response correct? Answer only yes or no."
-    )
+def judge_prompt(
+    question_type: str, question: str, answer: str, response: str, *, abstention: bool = False
+) -> str:
+    """Upstream's ``get_anscheck_prompt(question_type, question, answer, response,
+    abstention)``: the judge's prompt for one question type, byte for byte."""
+    if abstention:
+        template = JUDGE_TEMPLATES["abstention"]
+    elif question_type in _DEFAULT_TYPES:
+        template = JUDGE_TEMPLATES["default"]
+    elif question_type in JUDGE_TEMPLATES:
+        template = JUDGE_TEMPLATES[question_type]
+    else:
+        raise ValueError(f"longmemeval has no judge prompt for question_type "
+                         f"{question_type!r} (known: {', '.join(QUESTION_TYPES)})")
+    return template.format(question, answer, response)
+
+
+def judge_label(reply: str | None) -> bool:
+    """Upstream's label rule: correct iff "yes" is in the stripped, lower-cased reply."""
+    return "yes" in (reply or "").strip().lower()

@@ -9,7 +9,7 @@ of about ``chunk_tokens`` tokens. The final user message asks for a unified diff
 
 Category: the ``repo`` (e.g. ``django/django``).
 
-Grader ``swe-verified-patch-proxy/1``: a deterministic PROXY, not the official resolved
+Grader ``swe-verified-patch-proxy/2``: a deterministic PROXY, not the official resolved
 rate (that needs the repositories' tests in containers):
 ``0.4 x file-level recall + 0.6 x changed-line overlap``. File recall is the share of the
 gold patch's files the predicted diff touches. Changed-line overlap is the F1 of the
@@ -17,9 +17,13 @@ multisets of changed lines (``+``/``-`` sign and whitespace-collapsed text) betw
 predicted and gold diffs, restricted to the files both touch. File names come from the
 ``diff --git``, ``---`` and ``+++`` headers, with an ``a/`` or ``b/`` prefix removed as a
 prefix (never character-stripped), and ``/dev/null`` ignored. A reply with no diff scores 0.
+The patch scored is the one exported: SWE-bench's own ``extract_diff`` (the first fenced or
+``<diff>``/``<patch>``-tagged block named diff or patch, else the first other fenced or
+tagged block, else the whole reply up to ``</s>``), as its inference scripts extract it.
 
 export(): the official SWE-bench predictions format, ``{"instance_id",
-"model_name_or_path", "model_patch"}``, one JSONL file per strategy and budget
+"model_name_or_path", "model_patch"}`` with ``model_patch`` as SWE-bench's
+``extract_diff`` gives it, one JSONL file per strategy and budget
 (``swe_verified_predictions.<strategy>-<budget>.jsonl``), ready for
 ``swebench.harness.run_evaluation --predictions_path``.
 """
@@ -52,7 +56,8 @@ REQUEST = (
     "Reply with the diff only."
 )
 
-_FENCE = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.DOTALL)
+_TAGGED = re.compile(r"\<([\w-]+)\>(.*?)\<\/\1\>", re.DOTALL)
+_FENCED = re.compile(r"```(\w+)?\n(.*?)```", re.DOTALL)
 _GIT_HEADER = re.compile(r"^diff --git (\S+) (\S+)")
 
 
@@ -74,20 +79,21 @@ def strip_prefix(path: str) -> str:
 
 
 def extract_diff(reply: str | None) -> str:
-    """The diff in a reply: the fenced block(s) holding one, else the text from its header."""
-    text = reply or ""
-    fenced = [block for block in _FENCE.findall(text) if _looks_like_diff(block)]
-    if fenced:
-        return "\n".join(block.rstrip("\n") for block in fenced) + "\n"
-    lines = text.splitlines()
-    for index, line in enumerate(lines):
-        if line.startswith(("diff --git ", "--- ")) and _looks_like_diff("\n".join(lines[index:])):
-            return "\n".join(lines[index:]) + "\n"
-    return ""
-
-
-def _looks_like_diff(text: str) -> bool:
-    return bool(re.search(r"^(diff --git |\+\+\+ )", text, re.MULTILINE))
+    """The patch in a reply, as SWE-bench's ``inference/make_datasets/utils.extract_diff``
+    finds it: the first block tagged or fenced ``diff``/``patch``, else the first other
+    tagged or fenced block, else the reply up to ``</s>``. None becomes ""."""
+    if reply is None:
+        return ""
+    diffs: list[str] = []
+    others: list[str] = []
+    for pattern in (_TAGGED, _FENCED):
+        for label, body in pattern.findall(reply):
+            (diffs if label in {"diff", "patch"} else others).append(body)
+    if diffs:
+        return diffs[0]
+    if others:
+        return others[0]
+    return reply.split("</s>")[0]
 
 
 def parse_diff(diff: str) -> dict[str, FileChange]:
@@ -155,7 +161,7 @@ def _flatten(files: dict[str, FileChange], paths: list[str]) -> list[str]:
 
 class SWEVerifiedTask(Task):
     name = "swe_verified"
-    grader_version = "swe-verified-patch-proxy/1"
+    grader_version = "swe-verified-patch-proxy/2"
     needs_data = True
 
     def load(self) -> list[Item]:

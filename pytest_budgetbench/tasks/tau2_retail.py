@@ -22,11 +22,19 @@ are skipped (the proxy is undefined for them).
 Category: the name of the first expected action (e.g. ``find_user_id_by_name_zip``);
 the train/test split and the number of actions are in ``Item.meta``.
 
-Grader ``tau2-retail-first-action-proxy/1``: 1 iff the first JSON object in the reply
-names the expected tool and every compared argument matches (tau2's ``compare_args``
-when the action has one, else all expected arguments; strings compared stripped and
-case-insensitively, numbers by value, "19122" equal to 19122; extra arguments ignored,
-as tau2 does). ``Grade.detail`` has the share of matching arguments.
+Grader ``tau2-retail-first-action-proxy/2``: 1 iff the first JSON object in the reply
+(``{"name": ..., "arguments": {...}}``; arguments given as a JSON string are decoded)
+matches the task's first expected action as tau2's ``Action.compare_with_tool_call``
+matches it: the same name, exactly; then, over the compared keys (the action's
+``compare_args``, or, when it has none, the keys of the predicted call), the predicted and
+expected arguments restricted to those keys are equal with Python's ``==`` (so "19122" is
+not 19122, and case counts). As in tau2, an extra argument fails when the action has no
+``compare_args``, and a missing argument passes then (the call is compared on the keys it
+gives); with ``compare_args``, extra arguments are ignored and a missing compared key
+fails. ``Grade.detail`` has the share of expected compared arguments that match.
+
+Variant ``all-args`` (``--budgetbench-grader=tau2_retail:all-args``), stricter: tau2's
+comparison, and also every expected argument (the ``compare_args``, else all) must be given.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.tasks._data import malformed, missing, read_json, records, require
@@ -104,8 +112,11 @@ def domain_dir(task: str, path: Path | None) -> Path:
 
 class Tau2RetailTask(Task):
     name = "tau2_retail"
-    grader_version = "tau2-retail-first-action-proxy/1"
+    grader_version = "tau2-retail-first-action-proxy/2"
     needs_data = True
+    grader_variants: ClassVar[dict[str, str]] = {
+        "all-args": "tau2's comparison, and a missing expected argument fails too",
+    }
 
     def load(self) -> list[Item]:
         folder = domain_dir(self.name, self.options.data_path)
@@ -180,22 +191,42 @@ class Tau2RetailTask(Task):
     def grade(self, item: Item, prediction: str) -> Grade:
         call = first_json_object(prediction)
         if call is None or not isinstance(call.get("name"), str):
-            return Grade(0.0, "", self.grader_version, {"reason": "no JSON tool call"})
+            return Grade(0.0, "", self.grader_id, {"reason": "no JSON tool call"})
         extracted = json.dumps(call, sort_keys=True, ensure_ascii=False)
         expected = item.answer
-        name_ok = call["name"].strip() == expected["name"]
         given = call.get("arguments")
         if isinstance(given, str):
             # The OpenAI tool-call form carries arguments as a JSON string.
             given = first_json_object(given)
         given = given if isinstance(given, dict) else {}
-        keys = expected["compare_args"]
-        keys = list(expected["arguments"]) if keys is None else list(keys)
-        matches = [k for k in keys if k in given and same_value(given[k], expected["arguments"][k])]
-        share = len(matches) / len(keys) if keys else 1.0
-        quality = float(name_ok and share == 1.0)
-        return Grade(quality, extracted, self.grader_version,
-                     {"name_ok": name_ok, "argument_match": share, "expected": expected["name"]})
+        matched = tau2_match(expected, call["name"], given)
+        wanted = expected_keys(expected)
+        if self.grader_variant == "all-args":
+            matched = matched and all(key in given for key in wanted)
+        same = [k for k in wanted if k in given and given[k] == expected["arguments"].get(k)]
+        share = len(same) / len(wanted) if wanted else 1.0
+        return Grade(float(matched), extracted, self.grader_id,
+                     {"name_ok": call["name"] == expected["name"], "argument_match": share,
+                      "expected": expected["name"]})
+
+
+def expected_keys(expected: dict[str, Any]) -> list[str]:
+    """The arguments an action checks: its ``compare_args``, else all of its arguments."""
+    keys = expected.get("compare_args")
+    return list(expected["arguments"]) if keys is None else list(keys)
+
+
+def tau2_match(expected: dict[str, Any], name: str, arguments: dict[str, Any]) -> bool:
+    """tau2's ``Action.compare_with_tool_call`` on a predicted (name, arguments)."""
+    if name != expected["name"]:
+        return False
+    keys = expected.get("compare_args")
+    compared = list(arguments) if keys is None else list(keys)
+    if not compared:
+        return True
+    given = {k: v for k, v in arguments.items() if k in compared}
+    wanted = {k: v for k, v in expected["arguments"].items() if k in compared}
+    return given == wanted
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Re-grade a run's recorded replies with the current graders, without model calls.
+
+``budgetbench regrade RUN_DIR`` reads ``RUN_DIR/cells.jsonl`` and ``run.json``, rebuilds
+each task from the run's recorded settings (data paths, seed, chunking, split), and grades
+every ``ok`` row's recorded ``prediction`` again. The re-graded rows go to a NEW run
+directory (default ``RUN_DIR/regraded``; never an existing one), with a copy of
+``run.json`` that says where they came from, so ``budgetbench report`` reads them as any
+run. Rows that are not ``ok`` (violations, errors) are copied unchanged, and so are
+LLM-judged rows (a judge is a model call).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.config import Settings
+from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, append_jsonl, read_jsonl
+from pytest_budgetbench.runner import make_task
+from pytest_budgetbench.tasks import Item, Task
+
+DEFAULT_OUT = "regraded"
+_JUDGED = "llm-judge"
+
+
+@dataclass
+class CellChange:
+    """Old and new mean quality of one task x strategy@budget over its re-graded rows."""
+
+    old: list[float] = field(default_factory=list)
+    new: list[float] = field(default_factory=list)
+    changed: int = 0
+    graders: set[str] = field(default_factory=set)
+
+    @staticmethod
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else float("nan")
+
+
+@dataclass
+class RegradeResult:
+    out_dir: Path
+    rows: int
+    regraded: int
+    kept: int
+    changes: dict[tuple[str, str, int], CellChange]
+
+
+def regrade_run(
+    run_dir: Path,
+    out_dir: Path | None = None,
+    *,
+    variants: dict[str, str] | None = None,
+    data_paths: dict[str, str] | None = None,
+) -> RegradeResult:
+    """Re-grade ``run_dir``'s rows into ``out_dir`` (see the module docstring)."""
+    cells = run_dir / CELLS_FILE if run_dir.is_dir() else run_dir
+    if not cells.is_file():
+        raise DataError(f"regrade: no {CELLS_FILE} in {run_dir}: pass a run directory "
+                        "(<out>/<run_id>) or its cells.jsonl")
+    source = cells.parent
+    out = out_dir or source / DEFAULT_OUT
+    if (out / CELLS_FILE).exists():
+        raise ConfigError(f"regrade: {out / CELLS_FILE} already exists; pass --out to a new "
+                          "directory, or remove it (it is never overwritten)")
+    info = _run_info(source)
+    settings = _settings(info.get("settings") or {}, variants or {}, data_paths or {})
+    rows = list(read_jsonl(cells))
+    graders = _Graders(settings)
+    changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
+    regraded, written = 0, []
+    for row in rows:
+        new = graders.regrade(row)
+        if new is not None:
+            regraded += 1
+            change = changes[(str(row["task"]), str(row["strategy"]), int(row["budget"]))]
+            change.old.append(float(row.get("quality") or 0.0))
+            change.new.append(float(new["quality"]))
+            change.changed += new["quality"] != row.get("quality")
+            change.graders.add(str(new["grader"]))
+            row = new
+        written.append(row)
+    # Written once all rows are graded: a failure leaves no partial run behind.
+    for row in written:
+        append_jsonl(out / CELLS_FILE, row)
+    _write_run_info(out, info, source, settings)
+    return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes))
+
+
+class _Graders:
+    """Tasks built from the run's settings, loaded once each, with items by id."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._tasks: dict[str, tuple[Task, dict[str, Item]]] = {}
+
+    def regrade(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """The row graded again, or None when it is kept as it is."""
+        if row.get("status") != "ok" or not isinstance(row.get("prediction"), str):
+            return None
+        if _JUDGED in str(row.get("grader") or ""):
+            return None
+        task, items = self._task(str(row["task"]))
+        item = items.get(str(row["item_id"]))
+        if item is None:
+            raise DataError(f"regrade: row {row.get('cell_id')} names item {row['item_id']!r}, "
+                            f"which task {task.name!r} no longer loads from its data; pass "
+                            f"--data {task.name}=PATH with the run's data")
+        grade = task.grade(item, row["prediction"])
+        return {**row, "quality": grade.quality, "extracted": grade.extracted,
+                "grader": grade.grader}
+
+    def _task(self, name: str) -> tuple[Task, dict[str, Item]]:
+        if name not in self._tasks:
+            task = make_task(name, self.settings)
+            self._tasks[name] = (task, {item.item_id: item for item in task.load()})
+        return self._tasks[name]
+
+
+def _run_info(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise DataError(f"regrade: {path} is not JSON ({exc}); restore it or remove it to "
+                        "re-grade with default settings") from None
+    return info if isinstance(info, dict) else {}
+
+
+def _settings(recorded: dict[str, Any], variants: dict[str, str],
+              data_paths: dict[str, str]) -> Settings:
+    """The run's settings, as far as grading needs them: no judge (no model calls)."""
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
+              for key, value in recorded.items() if key in known}
+    values["data_paths"] = {**(recorded.get("data_paths") or {}), **data_paths}
+    values["judge_endpoint"] = None
+    values["grader"] = variants or None
+    try:
+        return Settings(**values)
+    except TypeError as exc:
+        raise DataError(f"regrade: run.json settings are not this version's ({exc})") from None
+
+
+def _write_run_info(out: Path, info: dict[str, Any], source: Path, settings: Settings) -> None:
+    recorded = dict(info)
+    recorded["regraded"] = {"from": str(source), "time": time.time(),
+                            "grader_variants": settings.grader or {}}
+    (out / RUN_FILE).write_text(json.dumps(recorded, indent=2, default=str) + "\n")
+
+
+def format_changes(result: RegradeResult) -> Iterable[str]:
+    """Lines of old vs new mean quality per task and strategy@budget."""
+    yield (f"budgetbench: re-graded {result.regraded} of {result.rows} rows "
+           f"({result.kept} kept: not ok, or judged) -> {result.out_dir / CELLS_FILE}")
+    yield f"{'task':<14} {'strategy@budget':<28} {'n':>5} {'old':>7} {'new':>7} " \
+          f"{'delta':>7} {'changed':>7}  grader"
+    for (task, strategy, budget), change in sorted(result.changes.items()):
+        old, new = CellChange.mean(change.old), CellChange.mean(change.new)
+        yield (f"{task:<14} {f'{strategy}@{budget}':<28} {len(change.new):>5} {old:>7.4f} "
+               f"{new:>7.4f} {new - old:>+7.4f} {change.changed:>7}  "
+               f"{', '.join(sorted(change.graders))}")

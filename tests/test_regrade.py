@@ -1,0 +1,87 @@
+"""``budgetbench regrade``: recorded replies graded again, into a new run, never over one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.cli import main
+from pytest_budgetbench.records import read_jsonl
+from pytest_budgetbench.tasks._fixtures import hotpotqa_records, write_json
+
+YES_ID, CHIEF_ID = "5a8b57f25542995d1e6f1371", "5a8c7595554299585d9e36b6"
+
+
+def _row(cell: str, item: str, prediction: str | None, quality: float | None,
+         status: str = "ok", grader: str = "hotpotqa-official-f1/1") -> dict[str, Any]:
+    return {"schema": 1, "cell_id": cell, "task": "hotpotqa", "item_id": item,
+            "strategy": "truncation", "budget": 2048, "status": status,
+            "prediction": prediction, "quality": quality, "extracted": prediction,
+            "grader": grader}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    data = write_json(tmp_path / "hotpot_dev_distractor_v1.json", hotpotqa_records())
+    run = tmp_path / "out" / "20260101-000000-abcd"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "settings": {
+        "seed": 0, "tasks": ["hotpotqa"], "budgets": [2048],
+        "data_paths": {"hotpotqa": str(data)}}}))
+    rows = [
+        # The old grader read the first line and credited this hedge; upstream scores 0.
+        _row("c1", YES_ID, "Yes\nNo", 1.0),
+        _row("c2", CHIEF_ID, "Chief of Protocol", 1.0),
+        _row("c3", CHIEF_ID, None, None, status="violation"),
+        _row("c4", YES_ID, "yes", 1.0, grader="longmemeval-llm-judge/1"),
+    ]
+    (run / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_regrade_writes_a_new_run_and_prints_old_vs_new(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["regrade", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "re-graded 2 of 4 rows" in out
+    line = next(x for x in out.splitlines() if "truncation@2048" in x)
+    assert line.split()[2:7] == ["2", "1.0000", "0.5000", "-0.5000", "1"]
+    rows = {r["cell_id"]: r for r in read_jsonl(run_dir / "regraded" / "cells.jsonl")}
+    assert rows["c1"]["quality"] == 0.0 and rows["c1"]["grader"] == "hotpotqa-official-f1/2"
+    assert rows["c2"]["quality"] == 1.0
+    assert rows["c3"]["status"] == "violation" and rows["c3"]["quality"] is None
+    assert rows["c4"]["grader"] == "longmemeval-llm-judge/1"  # judged: kept, no model call
+    info = json.loads((run_dir / "regraded" / "run.json").read_text())
+    assert info["regraded"]["from"] == str(run_dir)
+    # The original run is untouched.
+    assert next(read_jsonl(run_dir / "cells.jsonl"))["quality"] == 1.0
+
+
+def test_regrade_never_overwrites(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regrade", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["regrade", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--out" in err and err.count("\n") == 1
+
+
+def test_regrade_with_a_variant(run_dir: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "variant"
+    assert main(["regrade", str(run_dir), "--out", str(out),
+                 "--grader", "hotpotqa:first-line"]) == 0
+    rows = {r["cell_id"]: r for r in read_jsonl(out / "cells.jsonl")}
+    assert rows["c1"]["quality"] == 0.0  # a hedge gains nothing from the variant
+    assert rows["c2"]["grader"] == "hotpotqa-official-f1/2+first-line"
+    assert main(["regrade", str(run_dir), "--out", str(tmp_path / "x"),
+                 "--grader", "hotpotqa:nope"]) == 2
+    assert "no grader variant 'nope'" in capsys.readouterr().err
+
+
+def test_regrade_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regrade", str(tmp_path)]) == 2
+    assert "no cells.jsonl" in capsys.readouterr().err
