@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
-    from pytest_budgetbench.reports.gates import regression_gate, violation_gate
+    from pytest_budgetbench.reports.gates import (
+        check_baseline_comparable,
+        regression_gate,
+        violation_gate,
+    )
     from pytest_budgetbench.reports.load import ReportError
     from pytest_budgetbench.reports.tables import Prices, Reference
 
@@ -24,6 +28,7 @@ _EXPORTS = {
     "ReportSettings": "builder",
     "violation_gate": "gates",
     "regression_gate": "gates",
+    "check_baseline_comparable": "gates",
     "ReportError": "load",
     "Prices": "tables",
     "Reference": "tables",
@@ -36,6 +41,7 @@ __all__ = [
     "ReportError",
     "ReportSettings",
     "build_report",
+    "check_baseline_comparable",
     "regression_gate",
     "violation_gate",
 ]
