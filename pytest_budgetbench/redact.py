@@ -19,6 +19,7 @@ This is the bottom layer: it imports nothing of the package and nothing heavy.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -66,6 +67,10 @@ def register_url(url: str | None) -> None:
     for value in candidates:
         if value:
             register_secret(urllib.parse.unquote(value))
+    if parts.username or parts.password:
+        # httpx sends user info as Basic auth; a server may echo that header back.
+        userinfo = urllib.parse.unquote(f"{parts.username or ''}:{parts.password or ''}")
+        register_secret(base64.b64encode(userinfo.encode()).decode())
 
 
 def known_secrets() -> list[str]:
@@ -115,7 +120,10 @@ _CREDENTIAL = re.compile(
     r"(?:(?:bearer|basic|token)\s+)?"
     r"[^\s\"'\\,;&)}\]]+"
 )
-_BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=\-]{4,}")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=\-]{4,}"
+                     # Basic credentials are base64: a digit, + / or = sets them apart
+                     # from prose ("basic strategy").
+                     r"|\b(basic)\s+(?=[A-Za-z0-9+/]*[0-9+/=])[A-Za-z0-9+/]{8,}={0,2}")
 _OPENAI_KEY = re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}")
 
 
@@ -146,7 +154,7 @@ def redact(text: object) -> str:
             result = result.replace(quoted, MASK)
     result = _URL.sub(_mask_url, result)
     result = _CREDENTIAL.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", result)
-    result = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", result)
+    result = _BEARER.sub(lambda m: f"{m.group(1) or m.group(2)} {MASK}", result)
     return _OPENAI_KEY.sub("sk-" + MASK, result)
 
 

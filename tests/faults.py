@@ -12,6 +12,7 @@ planted ``OPENAI_API_KEY``.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -33,7 +34,9 @@ FINAL = ("ok", "violation")
 PLANTED_KEY = "sk-plantedFAULTSUITEkey0123456789"
 PLANTED_PASSWORD = "pw-plantedFAULTSUITE-42"
 PLANTED_QUERY = "qs-plantedFAULTSUITE-77"
-PLANTED = (PLANTED_KEY, PLANTED_PASSWORD, PLANTED_QUERY)
+# httpx turns URL user info into a Basic header, which an echoing server sends back.
+PLANTED_BASIC = base64.b64encode(f"bob:{PLANTED_PASSWORD}".encode()).decode()
+PLANTED = (PLANTED_KEY, PLANTED_PASSWORD, PLANTED_QUERY, PLANTED_BASIC)
 RETRY_AFTER_EXTREMES = ("429:inf", "429:1e400", "429:3600", "429:-5", "429:garbage",
                         "429:Fri, 01 Jan 9999 00:00:00 GMT", "429:Wed, 21 Oct 2015 07:28:00 GMT")
 

@@ -3,6 +3,7 @@ waits, query-string endpoints, the token server's errors."""
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import functools
 import http.server
@@ -48,7 +49,8 @@ def _url(fake: FakeOpenAI) -> str:
 
 
 def _assert_clean(text: str) -> None:
-    for secret in (KEY, PASSWORD, QUERY_SECRET):
+    basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+    for secret in (KEY, PASSWORD, QUERY_SECRET, basic):
         assert secret not in text, text
 
 
@@ -61,6 +63,7 @@ def _assert_clean(text: str) -> None:
     f"x-api-key={KEY}&next=1",
     f"make_counter(choice='auto', api_key='{KEY}')",
     f"echoed {QUERY_SECRET} and {PASSWORD}",
+    f"invalid credentials: Basic {base64.b64encode(f'bob:{PASSWORD}'.encode()).decode()}",
 ])
 def test_redact_masks_keys_url_credentials_and_echoed_headers(text: str) -> None:
     register_secret(KEY)
@@ -71,7 +74,8 @@ def test_redact_masks_keys_url_credentials_and_echoed_headers(text: str) -> None
 
 
 def test_redact_keeps_text_without_secrets() -> None:
-    text = "cell memory-0001-rag-2048 sent 2311 tokens; see http://example.com/docs."
+    text = ("cell memory-0001-rag-2048 sent 2311 tokens; see http://example.com/docs. "
+            "A basic strategy, basically.")
     assert redact(text) == text
 
 
