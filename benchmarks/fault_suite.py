@@ -4,8 +4,11 @@
 
 Faults are injected by the loopback fake endpoint (500s, 429s with Retry-After, timeouts,
 malformed JSON, no choices, null content, dropped connections), sweeps are SIGKILLed and
-resumed, one strategy crashes on a third of the items, the endpoint is down, and a dataset
-file has a broken line. Rows lost, duplicate rows and graded failures must all be 0.
+resumed, one strategy crashes on a third of the items, the endpoint is down, a dataset
+file has a broken line, an API key and URL credentials are planted (and echoed back by the
+server), Retry-After is extreme, the baseline has nothing comparable, and the disk fills
+(a 200 KB tmpfs; left out where mounting is not allowed). Rows lost, duplicate rows,
+graded failures (infrastructure failures graded as answers) and secret hits must all be 0.
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from tests.faults import all_scenarios
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tallies = all_scenarios(Path(tmp))
-    print(f"{'scenario':<26}{'faults':>7}{'cells':>7}{'done':>6}{'errors':>7}{'lost':>6}"
-          f"{'dup':>5}{'graded':>8}{'exit':>6}{'wall s':>8}")
+    print(f"{'scenario':<30}{'faults':>7}{'cells':>7}{'done':>6}{'errors':>7}{'lost':>6}"
+          f"{'dup':>5}{'graded':>8}{'secrets':>9}{'exit':>6}{'wall s':>8}")
     for t in tallies:
-        print(f"{t.scenario:<26}{t.faults_injected:>7}{t.cells:>7}{t.completed:>6}"
+        print(f"{t.scenario:<30}{t.faults_injected:>7}{t.cells:>7}{t.completed:>6}"
               f"{t.errored:>7}{t.rows_lost:>6}{t.duplicate_rows:>5}{t.graded_failures:>8}"
-              f"{t.exit_code:>6}{t.wall_s:>8.1f}")
+              f"{t.secret_hits:>9}{t.exit_code:>6}{t.wall_s:>8.1f}")
     return 0 if all(t.clean for t in tallies) else 1
 
 

@@ -284,10 +284,17 @@ class ServerCounter(TokenCounter):
         super().__init__()
         import httpx
 
-        root = base_url.rstrip("/")
+        from pytest_budgetbench.redact import register_secret, register_url, split_query
+
+        register_url(base_url)
+        register_secret(api_key)
+        # A query string (https://host/v1?key=K) goes with every request, not into the path.
+        bare_url, query = split_query(base_url)
+        root = bare_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=root, headers=headers, timeout=30.0)
+        self._client = httpx.Client(base_url=root, headers=headers, params=query,
+                                    timeout=30.0)
         self._model = model
 
     def _post(self, payload: dict[str, Any]) -> int:
@@ -296,10 +303,14 @@ class ServerCounter(TokenCounter):
             response.raise_for_status()
             return int(response.json()["count"])
         except Exception as exc:
-            raise TokenizerError(
-                f"the endpoint's /tokenize route failed ({exc}); "
+            from pytest_budgetbench.redact import first_line, redact
+
+            # "from None": httpx's own text holds the full URL, credentials included.
+            raise TokenizerError(redact(
+                f"the endpoint's /tokenize route failed ({type(exc).__name__}: "
+                f"{first_line(exc)}); "
                 "use --budgetbench-tokenizer=hf:PATH or approx for this endpoint"
-            ) from exc
+            )) from None
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
         return self._post({"messages": list(messages), "add_generation_prompt": True})

@@ -373,7 +373,10 @@ class Settings:
 
     @property
     def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) or None
+        """The key, as a Secret: redacted from every message, ``'***'`` in any repr."""
+        from pytest_budgetbench.redact import register_secret
+
+        return register_secret(os.environ.get(self.api_key_env) or None)
 
     def public(self) -> dict[str, Any]:
         """Settings as recorded in run.json: never includes a secret (keys can hide in an

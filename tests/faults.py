@@ -3,20 +3,25 @@ fake OpenAI-compatible server, with faults injected and processes killed.
 
 Each scenario returns a :class:`FaultTally`. ``tests/test_faults.py`` asserts on them, and
 ``benchmarks/fault_suite.py`` prints them as a table. What must be zero, always: rows lost
-(a cell with no row), duplicate rows (a cell with two final rows) and graded failures (an
-``ok`` row whose prediction is not what the endpoint really answered for that prompt).
+(a cell with no row), duplicate rows (a cell with two final rows), graded failures (an
+``ok`` row whose prediction is not what the endpoint really answered for that prompt) and
+secret hits (a planted API key, URL password or URL query value found in any artifact:
+the run directory, the report, stdout/stderr, the JUnit XML). Every sweep runs with a
+planted ``OPENAI_API_KEY``.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +31,14 @@ STRATEGIES = ("full_context", "truncation", "crashy")
 BUDGETS = (512, 8192)
 FAULT_KINDS = ("500", "429", "timeout", "malformed", "none", "null", "drop")
 FINAL = ("ok", "violation")
+PLANTED_KEY = "sk-plantedFAULTSUITEkey0123456789"
+PLANTED_PASSWORD = "pw-plantedFAULTSUITE-42"
+PLANTED_QUERY = "qs-plantedFAULTSUITE-77"
+# httpx turns URL user info into a Basic header, which an echoing server sends back.
+PLANTED_BASIC = base64.b64encode(f"bob:{PLANTED_PASSWORD}".encode()).decode()
+PLANTED = (PLANTED_KEY, PLANTED_PASSWORD, PLANTED_QUERY, PLANTED_BASIC)
+RETRY_AFTER_EXTREMES = ("429:inf", "429:1e400", "429:3600", "429:-5", "429:garbage",
+                        "429:Fri, 01 Jan 9999 00:00:00 GMT", "429:Wed, 21 Oct 2015 07:28:00 GMT")
 
 CRASHY_STRATEGY = '''
 from pytest_budgetbench.strategies import Strategy
@@ -55,10 +68,12 @@ class FaultTally:
     graded_failures: int
     exit_code: int
     wall_s: float
+    secret_hits: int = 0
 
     @property
     def clean(self) -> bool:
-        return self.rows_lost == self.duplicate_rows == self.graded_failures == 0
+        return (self.rows_lost == self.duplicate_rows == self.graded_failures
+                == self.secret_hits == 0)
 
 
 def expected_cells(items: int, strategies: Sequence[str] = STRATEGIES,
@@ -66,10 +81,11 @@ def expected_cells(items: int, strategies: Sequence[str] = STRATEGIES,
     return {f"memory-{i:04d}-{s}-{b}" for i in range(items) for s in strategies for b in budgets}
 
 
-def sweep_command(fake_url: str, out: Path, items: int, *extra: str) -> list[str]:
+def sweep_command(fake_url: str, out: Path, items: int, *extra: str,
+                  budgets: Sequence[int] = BUDGETS) -> list[str]:
     return [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-        "--budgets=" + ",".join(map(str, BUDGETS)),
+        "--budgets=" + ",".join(map(str, budgets)),
         "--budgetbench-strategies=" + ",".join(
             "crashy_strategy:Crashy" if s == "crashy" else s for s in STRATEGIES),
         f"--budgetbench-items={items}",
@@ -90,7 +106,20 @@ def prepare(workdir: Path) -> Path:
 
 
 def _env(workdir: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(workdir), *sys.path])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(workdir), *sys.path]),
+            "OPENAI_API_KEY": PLANTED_KEY}
+
+
+def secret_hits(workdir: Path, secrets: Iterable[str] = PLANTED) -> int:
+    """Occurrences of the planted secrets in every file under ``workdir`` (run directories,
+    reports, the JUnit XML, the sweeps' saved stdout/stderr)."""
+    needles = [secret.encode() for secret in secrets]
+    hits = 0
+    for path in workdir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 64 * 2**20:
+            data = path.read_bytes()
+            hits += sum(data.count(needle) for needle in needles)
+    return hits
 
 
 def run_sweep(workdir: Path, command: list[str], timeout: float = 300) -> int:
@@ -122,7 +151,7 @@ def run_dir_of(out: Path) -> Path:
 
 
 def tally(scenario: str, faults_injected: int, run_dir: Path | None, expected: set[str],
-          exit_code: int, wall_s: float) -> FaultTally:
+          exit_code: int, wall_s: float, *, secrets_in: Path | None = None) -> FaultTally:
     rows = _rows(run_dir / "cells.jsonl") if run_dir else []
     prompts = _prompts(run_dir / "prompts.jsonl") if run_dir else {}
     final = Counter(r["cell_id"] for r in rows if r["status"] in FINAL)
@@ -143,6 +172,7 @@ def tally(scenario: str, faults_injected: int, run_dir: Path | None, expected: s
         graded_failures=len(graded_wrongly),
         exit_code=exit_code,
         wall_s=round(wall_s, 2),
+        secret_hits=secret_hits(secrets_in) if secrets_in else 0,
     )
 
 
@@ -177,13 +207,13 @@ def transient_faults(workdir: Path, items: int = 6, rate: float = 0.3) -> list[F
         code = run_sweep(workdir, command)
         first = tally("faults injected", len(fake.injected), run_dir_of(out),
                       expected_cells(items), code,
-                      time.monotonic() - started)
+                      time.monotonic() - started, secrets_in=workdir)
         fake.inject(0.0, FAULT_KINDS)
         started = time.monotonic()
         code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
         resumed = tally("faults, then resume", len(fake.injected), run_dir_of(out),
                         expected_cells(items),
-                        code, time.monotonic() - started)
+                        code, time.monotonic() - started, secrets_in=workdir)
         return [first, resumed]
     finally:
         fake.stop()
@@ -203,7 +233,8 @@ def kill_and_resume(workdir: Path, items: int = 6, kill_at: Sequence[int] = (1, 
             kill_after_rows(workdir, [*command, "--budgetbench-resume=latest"], out, rows)
         code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
         return tally(f"SIGKILL x{len(kill_at)}, resume", len(fake.injected), run_dir_of(out),
-                     expected_cells(items), code, time.monotonic() - started)
+                     expected_cells(items), code, time.monotonic() - started,
+                     secrets_in=workdir)
     finally:
         fake.stop()
 
@@ -225,7 +256,7 @@ def under_xdist(workdir: Path, items: int = 6, rate: float = 0.2) -> FaultTally:
         code = run_sweep(workdir, command)
         return tally("xdist -n 2, faults", len(fake.injected), run_dir_of(out),
                      expected_cells(items), code,
-                     time.monotonic() - started)
+                     time.monotonic() - started, secrets_in=workdir)
     finally:
         fake.stop()
 
@@ -239,7 +270,7 @@ def endpoint_down(workdir: Path) -> tuple[FaultTally, str]:
     code = run_sweep(workdir, sweep_command(f"http://127.0.0.1:{free_port()}/v1", out, 2))
     runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
     result = tally("endpoint down at start", 1, runs[0] if runs else None, set(), code,
-                   time.monotonic() - started)
+                   time.monotonic() - started, secrets_in=workdir)
     return result, (workdir / "last-output.txt").read_text()
 
 
@@ -258,17 +289,180 @@ def malformed_dataset(workdir: Path) -> tuple[FaultTally, str]:
         code = run_sweep(workdir, command)
         runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
         result = tally("malformed dataset line", 1, runs[0] if runs else None, set(), code,
-                       time.monotonic() - started)
+                       time.monotonic() - started, secrets_in=workdir)
         return result, (workdir / "last-output.txt").read_text()
     finally:
         fake.stop()
 
 
+def _planted_url(fake: FakeOpenAI) -> str:
+    """The fake's URL with a planted password and a planted query-string key."""
+    host = fake.base_url.split("://", 1)[1]
+    return f"http://bob:{PLANTED_PASSWORD}@{host}?key={PLANTED_QUERY}"
+
+
+def _output(workdir: Path) -> str:
+    return (workdir / "last-output.txt").read_text()
+
+
+def planted_secrets(workdir: Path, items: int = 3) -> list[FaultTally]:
+    """Planted key, URL password and URL query value, grepped across every artifact, for
+    the sweeps that leaked them: the default tokenizer against an endpoint without
+    /tokenize (pytest printed make_counter's arguments), the server tokenizer (httpx put
+    the full URL in every error), and a server that echoes the Authorization header in its
+    401 bodies. All under ``-l`` (locals in tracebacks) and ``--junitxml``, report on."""
+    fake = FakeOpenAI().start()
+    try:
+        results = []
+        for label, tokenizer, faults in (
+            ("secrets: tokenizer=auto", "auto", ()),
+            ("secrets: tokenizer=server", "server", ()),
+            ("secrets: 401 echoes the key", "approx", ("401echo",)),
+        ):
+            run_root = prepare(workdir / tokenizer)
+            out = run_root / "out"
+            fake.inject(0.4 if faults else 0.0, faults, seed=11)
+            before = len(fake.injected)
+            command = [*sweep_command(_planted_url(fake), out, items, "-l",
+                                      f"--junitxml={run_root / 'junit.xml'}"),
+                       f"--budgetbench-tokenizer={tokenizer}", "--budgetbench-report=on"]
+            started = time.monotonic()
+            code = run_sweep(run_root, command)
+            runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
+            # Without a /tokenize route nothing can be counted: no cell runs (the count is
+            # not yet inside a cell's guarded part), so only the secrets are judged.
+            expected = expected_cells(items) if tokenizer == "approx" else set()
+            results.append(tally(label, len(fake.injected) - before + len(PLANTED),
+                                 runs[0] if runs else None, expected, code,
+                                 time.monotonic() - started, secrets_in=run_root))
+        return results
+    finally:
+        fake.stop()
+
+
+def retry_after_extremes(workdir: Path, items: int = 4) -> FaultTally:
+    """429s whose Retry-After is inf, 1e400, 3600, negative, garbage or an HTTP date (far
+    future or past), under --budgetbench-timeout=5: no overflow, no hour-long sleep; each
+    cell ends answered or as an error row."""
+    fake = FakeOpenAI().start()
+    try:
+        fake.inject(0.35, RETRY_AFTER_EXTREMES, seed=5)
+        out = prepare(workdir) / "out"
+        command = sweep_command(fake.base_url, out, items, "--budgetbench-timeout=5",
+                                "--budgetbench-retries=3")
+        started = time.monotonic()
+        try:
+            code = run_sweep(workdir, command, timeout=240)
+        except subprocess.TimeoutExpired:  # slept on a huge Retry-After: a failure
+            code = -int(signal.SIGKILL)
+        runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
+        return tally("Retry-After extremes", len(fake.injected), runs[0] if runs else None,
+                     expected_cells(items), code, time.monotonic() - started,
+                     secrets_in=workdir)
+    finally:
+        fake.stop()
+
+
+def incomparable_baseline(workdir: Path, items: int = 2) -> tuple[FaultTally, str]:
+    """A baseline at budgets 300,5000 and a run at 301,5001: the regression gate has
+    nothing to compare, and must fail saying so rather than pass."""
+    fake = FakeOpenAI().start()
+    try:
+        prepare(workdir)
+        base_out, out = workdir / "base", workdir / "out"
+        run_sweep(workdir, [*sweep_command(fake.base_url, base_out, items, budgets=(300, 5000)),
+                            "--budgetbench-report=on"])
+        baseline = run_dir_of(base_out) / "report" / "report.json"
+        command = [*sweep_command(fake.base_url, out, items, budgets=(301, 5001)),
+                   "--budgetbench-report=on", f"--budgetbench-baseline={baseline}",
+                   "--budgetbench-max-regression=0.05"]
+        started = time.monotonic()
+        code = run_sweep(workdir, command)
+        result = tally("incomparable baseline", 1, run_dir_of(out),
+                       expected_cells(items, budgets=(301, 5001)), code,
+                       time.monotonic() - started, secrets_in=workdir)
+        return result, _output(workdir)
+    finally:
+        fake.stop()
+
+
+def mount_tmpfs(directory: Path, size: str = "200k") -> bool:
+    """Mount a small tmpfs (needs root and mount rights); False where that is not allowed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                           str(directory)], capture_output=True)
+    return done.returncode == 0
+
+
+def _passed_cells(junit: Path) -> set[str]:
+    if not junit.exists():
+        return set()
+    passed = set()
+    for case in ElementTree.parse(junit).iter("testcase"):
+        name = case.get("name", "")
+        if name.startswith("cell[") and not any(
+                case.find(tag) is not None for tag in ("failure", "error", "skipped")):
+            passed.add(name[len("cell["):].split("]")[0])
+    return passed
+
+
+def _torn_lines(run_dir: Path) -> int:
+    torn = 0
+    for name in ("cells.jsonl", "prompts.jsonl"):
+        path = run_dir / name
+        if path.exists():
+            data = path.read_bytes()
+            torn += int(bool(data) and not data.endswith(b"\n"))
+            for line in data.splitlines():
+                try:
+                    json.loads(line)
+                except ValueError:
+                    torn += 1
+    return torn
+
+
+def disk_full(workdir: Path, items: int = 20) -> tuple[FaultTally, str] | None:
+    """A sweep whose run directory and report share a 200 KB tmpfs: when the disk fills,
+    the cell being written errors (never PASSED), the records stay line-aligned, and the
+    report that cannot be written is one line, not an OSError traceback. Rows lost counts
+    cells reported passed without a whole row, and torn lines. None where mounting is not
+    allowed."""
+    prepare(workdir)
+    out = workdir / "out"
+    if not mount_tmpfs(out):
+        return None
+    fake = FakeOpenAI().start()
+    try:
+        junit = workdir / "junit.xml"
+        command = [*sweep_command(fake.base_url, out, items, f"--junitxml={junit}"),
+                   "--budgetbench-report=on"]
+        started = time.monotonic()
+        code = run_sweep(workdir, command)
+        wall = time.monotonic() - started
+        run_dir = run_dir_of(out)
+        rows = _rows(run_dir / "cells.jsonl")
+        recorded = {r["cell_id"] for r in rows if r["status"] == "ok"}
+        passed = _passed_cells(junit)
+        base = tally("disk full (200 KB tmpfs)", 1, run_dir, set(), code, wall,
+                     secrets_in=workdir)
+        base.cells = len(expected_cells(items))
+        base.rows_lost = len(passed - recorded) + _torn_lines(run_dir)
+        return base, _output(workdir)
+    finally:
+        fake.stop()
+        subprocess.run(["umount", str(out)], capture_output=True)
+
+
 def all_scenarios(root: Path) -> list[FaultTally]:
+    full = disk_full(root / "disk")
     return [
         *transient_faults(root / "transient"),
         kill_and_resume(root / "kill"),
         under_xdist(root / "xdist"),
         endpoint_down(root / "down")[0],
         malformed_dataset(root / "dataset")[0],
+        *planted_secrets(root / "secrets"),
+        retry_after_extremes(root / "retry"),
+        incomparable_baseline(root / "baseline")[0],
+        *([full[0]] if full else []),
     ]

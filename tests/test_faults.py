@@ -72,3 +72,43 @@ def test_the_tally_counts_lost_duplicate_and_wrongly_graded_rows(tmp_path: Path)
     result = faults.tally("yardstick", 0, tmp_path, expected, 0, 0.0)
     assert (result.rows_lost, result.duplicate_rows, result.graded_failures) == (1, 1, 1)
     assert not result.clean
+
+
+def test_planted_secrets_reach_no_artifact_stdout_or_junit(tmp_path: Path) -> None:
+    auto, server, echoed = faults.planted_secrets(tmp_path)
+    for result in (auto, server, echoed):
+        assert result.secret_hits == 0, result
+        assert result.clean, result
+    # The echoing server was hit, and the query-string endpoint still answered cells.
+    assert echoed.faults_injected > len(faults.PLANTED) and echoed.completed > 0
+    junit = (tmp_path / "auto" / "junit.xml").read_text()
+    assert "TokenizerError" in junit  # the error is there, its secrets are not
+
+
+def test_extreme_retry_after_values_neither_overflow_nor_sleep_past_the_cap(
+    tmp_path: Path,
+) -> None:
+    result = faults.retry_after_extremes(tmp_path)
+    assert result.faults_injected > 3 and result.clean, result
+    assert result.completed + result.errored == result.cells
+
+
+def test_a_baseline_with_nothing_comparable_fails_the_gate(tmp_path: Path) -> None:
+    result, output = faults.incomparable_baseline(tmp_path)
+    assert result.exit_code == pytest.ExitCode.TESTS_FAILED and result.clean, result
+    assert "nothing is comparable for task 'memory'" in output
+
+
+def test_a_full_disk_errors_the_cell_keeps_records_aligned_and_reports_one_line(
+    tmp_path: Path,
+) -> None:
+    outcome = faults.disk_full(tmp_path)
+    if outcome is None:
+        pytest.skip("mounting a tmpfs is not allowed here")
+    result, output = outcome
+    assert result.clean, result
+    assert result.exit_code != pytest.ExitCode.OK
+    assert "RecordError" in output and "No space left" in output
+    assert "Traceback" not in output and "INTERNALERROR" not in output
+    (line,) = [line for line in output.splitlines() if "the report could not be written" in line]
+    assert line.startswith("budgetbench: ")

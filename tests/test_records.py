@@ -4,13 +4,17 @@ the prompts audit and run.json."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import multiprocessing
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_budgetbench import records
+from pytest_budgetbench.errors import RecordError
 from pytest_budgetbench.records import (
     CELLS_FILE,
     PROMPTS_FILE,
@@ -253,3 +257,66 @@ def test_a_row_without_a_required_field_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match=r"'c9' lacks the field 'budget'"):
         CellRow.from_record({"cell_id": "c9", "run_id": "r", "task": "t", "item_id": "i",
                              "strategy": "s"})
+# -- short writes and full disks ----------------------------------------------------------
+def _flaky_write(monkeypatch: pytest.MonkeyPatch, outcomes: list[int | None]) -> None:
+    """os.write for records: each call writes ``n`` bytes of what it is given (None: fails
+    with ENOSPC) until ``outcomes`` runs out, then writes normally."""
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if not outcomes:
+            return real_write(fd, data)
+        n = outcomes.pop(0)
+        if n is None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data[:n])
+
+    monkeypatch.setattr(records.os, "write", write)
+
+
+def test_a_short_write_is_completed_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "cells.jsonl"
+    _flaky_write(monkeypatch, [3, 5])
+    append_jsonl(path, {"cell_id": "a", "text": "x" * 50})
+    assert list(read_jsonl(path)) == [{"cell_id": "a", "text": "x" * 50}]
+
+
+def test_a_full_disk_raises_and_leaves_the_file_at_its_last_whole_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "cells.jsonl"
+    append_jsonl(path, {"cell_id": "a"})
+    before = path.read_bytes()
+    _flaky_write(monkeypatch, [7, None])  # part of the line, then ENOSPC
+    with pytest.raises(RecordError, match=r"wrote 7 of \d+ bytes .*No space left"):
+        append_jsonl(path, {"cell_id": "b"})
+    assert path.read_bytes() == before
+    append_jsonl(path, {"cell_id": "c"})  # space again: the record goes on, line-aligned
+    assert [r["cell_id"] for r in read_jsonl(path)] == ["a", "c"]
+
+
+def test_a_write_that_makes_no_progress_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "cells.jsonl"
+    _flaky_write(monkeypatch, [0])
+    with pytest.raises(RecordError):
+        append_jsonl(path, {"cell_id": "a"})
+    assert path.read_bytes() == b""
+
+
+def test_rows_are_written_without_known_secrets(tmp_path: Path) -> None:
+    from pytest_budgetbench.redact import forget_secrets, register_secret
+
+    register_secret("sk-plantedKEY0000111")
+    try:
+        path = tmp_path / "cells.jsonl"
+        error = "401 for http://u:pw@h/v1?key=abc: Bearer sk-plantedKEY0000111"
+        append_jsonl(path, {"error": error, "prediction": "see https://example.com/q?page=2"})
+        text = path.read_text()
+    finally:
+        forget_secrets()
+    assert "sk-plantedKEY0000111" not in text and "u:pw" not in text and "key=abc" not in text
+    assert "https://example.com/q?page=2" in text  # data, not a credential: kept

@@ -8,7 +8,12 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.reports import build_report, regression_gate, violation_gate
+from pytest_budgetbench.reports import (
+    build_report,
+    check_baseline_comparable,
+    regression_gate,
+    violation_gate,
+)
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 
 pytest.importorskip("pandas")
@@ -128,3 +133,30 @@ def test_unreadable_baseline_fails_closed(tmp_path: Path) -> None:
     other = tmp_path / "other.json"
     other.write_text('{"schema": "something-else"}')
     assert "not a budgetbench report.json" in regression_gate(current, other, 0.0)[0]
+
+
+def test_a_baseline_with_no_shared_budget_fails_as_not_comparable(tmp_path: Path) -> None:
+    def at(budget: int) -> list[dict[str, Any]]:
+        return [make_row("memory", f"i{i}", "trunc", budget, quality=0.0 if budget % 2 else 1.0)
+                for i in range(10)]
+
+    baseline = report_of(tmp_path, "base", at(300) + at(5000))
+    current = report_of(tmp_path, "now", at(301) + at(5001))  # every answer wrong
+    (reason,) = regression_gate(current, baseline.paths["json"], 0.05)
+    assert "nothing is comparable for task 'memory'" in reason
+    assert "trunc@301" in reason and "trunc@300" in reason
+
+
+def test_a_baseline_of_other_tasks_is_not_comparable(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(tasks=("a",)))
+    current = report_of(tmp_path, "now", run_rows(tasks=("a", "b")))
+    (reason,) = regression_gate(current, baseline.paths["json"], 0.05)
+    assert "task 'b'" in reason and "no cells of it" in reason
+
+
+def test_check_baseline_comparable_before_a_sweep(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows()).paths["json"]
+    assert check_baseline_comparable(baseline, [("memory", "trunc", 500)]) == []
+    assert check_baseline_comparable(baseline, [("memory", "trunc", 501)])
+    assert "unusable baseline" in check_baseline_comparable(
+        tmp_path / "missing.json", [("memory", "trunc", 500)])[0]

@@ -19,7 +19,11 @@ if TYPE_CHECKING:
         ReportExtension,
         register_report_extension,
     )
-    from pytest_budgetbench.reports.gates import regression_gate, violation_gate
+    from pytest_budgetbench.reports.gates import (
+        check_baseline_comparable,
+        regression_gate,
+        violation_gate,
+    )
     from pytest_budgetbench.reports.load import ReportError
     from pytest_budgetbench.reports.tables import Prices, Reference
 
@@ -32,6 +36,7 @@ _EXPORTS = {
     "register_report_extension": "extensions",
     "violation_gate": "gates",
     "regression_gate": "gates",
+    "check_baseline_comparable": "gates",
     "ReportError": "load",
     "Prices": "tables",
     "Reference": "tables",
@@ -46,6 +51,7 @@ __all__ = [
     "ReportExtension",
     "ReportSettings",
     "build_report",
+    "check_baseline_comparable",
     "register_report_extension",
     "regression_gate",
     "violation_gate",

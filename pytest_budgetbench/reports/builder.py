@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
 from pytest_budgetbench.reports.plots import Plot, write_plots
@@ -127,11 +128,11 @@ def _write(report: Report, *, with_plots: bool) -> None:
     for name, table in ((SUMMARY_CSV, report.summary), (PAIRED_CSV, report.paired),
                         (CATEGORIES_CSV, report.categories)):
         paths[name.removesuffix(".csv")] = out / name
-        table.to_csv(out / name, index=False)
+        _write_text(out / name, table.to_csv(index=False))
     for name, extra in report.extra_tables.items():
         if not extra.table.empty:
             paths[name] = out / f"{name}.csv"
-            extra.table.to_csv(paths[name], index=False)
+            _write_text(paths[name], extra.table.to_csv(index=False))
     if with_plots:
         report.plots = write_plots(report.summary, out / PLOTS_DIR)
         for extension in report.extensions:
@@ -143,9 +144,15 @@ def _write(report: Report, *, with_plots: bool) -> None:
     report_json.write_report_json(paths["json"], report.document)
     doc = _view(report)
     paths["md"] = out / REPORT_MD
-    paths["md"].write_text(render.render_markdown(doc, out), encoding="utf-8")
+    _write_text(paths["md"], render.render_markdown(doc, out))
     paths["html"] = out / REPORT_HTML
-    paths["html"].write_text(render.render_html(doc), encoding="utf-8")
+    _write_text(paths["html"], render.render_html(doc))
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Every report file passes the redaction layer: rows and run.json already did, this
+    keeps a secret from reaching a published report by any other way."""
+    path.write_text(redact(text), encoding="utf-8")
 
 
 def _run_ids(rows: pd.DataFrame) -> list[str]:

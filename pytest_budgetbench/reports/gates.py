@@ -4,6 +4,7 @@ the gate passes); the plugin and the CLI print them and set the exit status."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,10 @@ def regression_gate(
         # Fail closed: a gate that silently passes on an unreadable baseline guards nothing.
         return [f"regression gate: unusable baseline {baseline_report_json}: {exc}"]
     current = report_json.cell_records(report.document)
+    incomparable = check_baseline_comparable(baseline.keys(), current.keys(),
+                                             source=baseline_report_json)
+    if incomparable:
+        return incomparable  # a gate that compared nothing must not pass
     reasons: list[str] = []
     for key in sorted(current.keys() & baseline.keys()):
         task, strategy, budget = key
@@ -81,6 +86,66 @@ def regression_gate(
                 f"{now.violation_rate:.1%} ({now.n_violation}/{now.n_ok + now.n_violation})"
             )
     return reasons
+
+
+CellKey = tuple[str, str, int]
+"""(task, strategy, budget)"""
+
+
+def check_baseline_comparable(
+    baseline: Path | str | Iterable[CellKey],
+    planned: Iterable[CellKey],
+    *,
+    source: Path | str | None = None,
+) -> list[str]:
+    """Why ``planned`` cells cannot be compared with a baseline; empty when they can.
+
+    ``baseline`` is a report.json path or its (task, strategy, budget) cells; ``planned``
+    the cells of this run (a report's, or, before a sweep, the cells it will run, by
+    strategy *name*). Comparable means: every task of the run is in the baseline, and
+    shares at least one strategy@budget with it. One line per task that does not.
+    """
+    if isinstance(baseline, Path | str):
+        source = source or baseline
+        try:
+            document = report_json.read_report_json(Path(baseline))
+            baseline = report_json.cell_records(document).keys()
+        except (report_json.BaselineError, KeyError, TypeError, ValueError) as exc:
+            return [f"regression gate: unusable baseline {baseline}: {exc}"]
+    before = _by_task(baseline)
+    now = _by_task(planned)
+    where = f"baseline {source}" if source else "the baseline"
+    reasons = []
+    for task in sorted(now):
+        if task not in before:
+            have = ", ".join(sorted(before)) or "none"
+            reasons.append(
+                f"regression gate: nothing is comparable for task '{task}': {where} has no "
+                f"cells of it (its tasks: {have}); use a baseline of the same tasks"
+            )
+        elif not now[task] & before[task]:
+            reasons.append(
+                f"regression gate: nothing is comparable for task '{task}': no "
+                f"strategy@budget is in both this run ({_cells(now[task])}) and {where} "
+                f"({_cells(before[task])}); run at least one of the baseline's "
+                "strategy@budget cells, or make a new baseline"
+            )
+    if not now:
+        reasons.append(f"regression gate: this run has no cells to compare with {where}")
+    return reasons
+
+
+def _by_task(keys: Iterable[CellKey]) -> dict[str, set[tuple[str, int]]]:
+    tasks: dict[str, set[tuple[str, int]]] = {}
+    for task, strategy, budget in keys:
+        tasks.setdefault(str(task), set()).add((str(strategy), int(budget)))
+    return tasks
+
+
+def _cells(cells: set[tuple[str, int]], limit: int = 6) -> str:
+    names = [f"{strategy}@{budget}" for strategy, budget in sorted(cells)]
+    more = f", and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 def _rose(now: float, before: float) -> bool:

@@ -58,7 +58,9 @@ def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def write_report_json(path: Path, document: Mapping[str, Any]) -> None:
-    body = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **document}
+    from pytest_budgetbench.redact import redact_obj
+
+    body = redact_obj({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **document})
     # allow_nan=False: a NaN that escaped _clean would make a file strict parsers reject.
     path.write_text(
         json.dumps(body, indent=1, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"

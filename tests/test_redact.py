@@ -1,0 +1,206 @@
+"""The redaction layer, and the places where text leaves the process: model errors, Retry-After
+waits, query-string endpoints, the token server's errors."""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_budgetbench import model as model_module
+from pytest_budgetbench.budget import ServerCounter
+from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.model import ChatModel, probe_endpoint, retry_after_seconds
+from pytest_budgetbench.redact import (
+    MASK,
+    Secret,
+    forget_secrets,
+    redact,
+    register_secret,
+    register_url,
+    split_query,
+)
+from pytest_budgetbench.runner import Endpoint
+from tests.fake_openai import FakeOpenAI
+
+KEY = "sk-plantedKEYabcdef123456"
+PASSWORD = "pw-planted-0042"
+QUERY_SECRET = "qs-planted-7788"
+QUESTION = [{"role": "user", "content": "my dog is called Rex"},
+            {"role": "user", "content": "What is my dog called?"}]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_secrets() -> Iterator[None]:
+    forget_secrets()
+    yield
+    forget_secrets()
+
+
+def _url(fake: FakeOpenAI) -> str:
+    host = fake.base_url.split("://", 1)[1]
+    return f"http://bob:{PASSWORD}@{host}?key={QUERY_SECRET}"
+
+
+def _assert_clean(text: str) -> None:
+    basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
+    for secret in (KEY, PASSWORD, QUERY_SECRET, basic):
+        assert secret not in text, text
+
+
+# -- the layer --------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [
+    f"Client error '401' for url 'http://bob:{PASSWORD}@h:1/v1/models?key={QUERY_SECRET}'",
+    f'{{"error": "invalid credentials: Bearer {KEY}"}}',
+    f'{{\\"authorization\\": \\"Bearer {KEY}\\"}}',
+    f"api-key: {KEY}",
+    f"x-api-key={KEY}&next=1",
+    f"make_counter(choice='auto', api_key='{KEY}')",
+    f"echoed {QUERY_SECRET} and {PASSWORD}",
+    f"invalid credentials: Basic {base64.b64encode(f'bob:{PASSWORD}'.encode()).decode()}",
+])
+def test_redact_masks_keys_url_credentials_and_echoed_headers(text: str) -> None:
+    register_secret(KEY)
+    register_url(f"http://bob:{PASSWORD}@h/v1?key={QUERY_SECRET}")
+    cleaned = redact(text)
+    _assert_clean(cleaned)
+    assert MASK in cleaned
+
+
+def test_redact_keeps_text_without_secrets() -> None:
+    text = ("cell memory-0001-rag-2048 sent 2311 tokens; see http://example.com/docs. "
+            "A basic strategy, basically.")
+    assert redact(text) == text
+
+
+def test_a_secret_reprs_as_stars_but_works_as_its_value() -> None:
+    secret = Secret(KEY)
+    assert repr(secret) == repr(MASK) and KEY not in repr([secret, {"k": secret}])
+    assert secret == KEY and f"Bearer {secret}" == f"Bearer {KEY}"
+
+
+def test_an_endpoint_repr_hides_its_url() -> None:
+    endpoint = Endpoint(base_url=f"http://bob:{PASSWORD}@h/v1", model="m")
+    assert PASSWORD not in repr(endpoint) and "model='m'" in repr(endpoint)
+
+
+def test_split_query_keeps_the_path_and_the_parameters() -> None:
+    assert split_query("https://h/v1?key=K&x=") == ("https://h/v1", {"key": "K", "x": ""})
+    assert split_query("https://h/v1") == ("https://h/v1", {})
+
+
+# -- Retry-After ------------------------------------------------------------------------
+@pytest.mark.parametrize(("header", "expected"), [
+    ("5", 5.0), (" 2.5 ", 2.5), ("-3", 0.0), ("inf", float("inf")),
+    ("1e400", float("inf")), ("nan", None), ("soon", None), ("", None), (None, None),
+    ("Mon, 01 Jan 10000 00:00:00 GMT", None),
+])
+def test_retry_after_is_parsed_defensively(header: str | None, expected: float | None) -> None:
+    assert retry_after_seconds(header) == expected
+
+
+def test_retry_after_as_an_http_date_is_seconds_from_now() -> None:
+    now = 1_000_000.0
+    header = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_after_seconds(header, now=now) == pytest.approx(30.0)
+    assert retry_after_seconds(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every wait the client asks for, without waiting."""
+    asked: list[float] = []
+    monkeypatch.setattr(model_module.time, "sleep", asked.append)
+    return asked
+
+
+@pytest.mark.parametrize("header", ["3600", "inf", "1e400"])
+def test_a_retry_after_past_the_cap_ends_the_call_instead_of_sleeping(
+    fake: FakeOpenAI, sleeps: list[float], header: str
+) -> None:
+    fake.faults = [f"429:{header}"]
+    chat = ChatModel(fake.base_url, fake.model, api_key=KEY, timeout=5.0, attempts=3)
+    with pytest.raises(EndpointError, match="asked to retry after") as info:
+        chat.complete(QUESTION, max_tokens=4)
+    assert sleeps == [] and "5 s" in str(info.value)
+    _assert_clean(str(info.value))
+
+
+@pytest.mark.parametrize("header", ["-5", "garbage", "nan", "2"])
+def test_odd_retry_after_values_wait_at_most_the_cap_then_answer(
+    fake: FakeOpenAI, sleeps: list[float], header: str
+) -> None:
+    fake.faults = [f"429:{header}"]
+    chat = ChatModel(fake.base_url, fake.model, timeout=5.0, attempts=3, max_backoff_s=3.0)
+    assert chat.complete(QUESTION, max_tokens=4).text == "Rex"
+    assert len(sleeps) == 1 and 0.0 <= sleeps[0] <= 3.0
+
+
+def test_the_exponential_backoff_is_capped_by_the_timeout(
+    fake: FakeOpenAI, sleeps: list[float]
+) -> None:
+    fake.faults = ["500"] * 4
+    chat = ChatModel(fake.base_url, fake.model, timeout=0.5, attempts=5, backoff_s=100.0)
+    assert chat.complete(QUESTION, max_tokens=4).text == "Rex"
+    assert len(sleeps) == 4 and max(sleeps) <= 0.5
+
+
+# -- query strings and echoed credentials ------------------------------------------------
+def test_an_endpoint_query_string_goes_with_each_request_not_into_its_path(
+    fake: FakeOpenAI,
+) -> None:
+    url = f"{fake.base_url}?key={QUERY_SECRET}"
+    assert probe_endpoint(url, KEY) == [fake.model]
+    chat = ChatModel(url, fake.model, api_key=KEY)
+    assert chat.complete(QUESTION, max_tokens=4).text == "Rex"
+    assert fake.queries == [f"key={QUERY_SECRET}"] * 2  # /models, then /chat/completions
+
+
+def test_a_401_that_echoes_the_key_is_redacted(fake: FakeOpenAI) -> None:
+    register_secret(KEY)
+    fake.faults = ["401echo"]
+    with pytest.raises(EndpointError) as info:
+        ChatModel(_url(fake), fake.model, api_key=KEY).complete(QUESTION, max_tokens=4)
+    message = str(info.value)
+    _assert_clean(message)
+    assert "AuthenticationError" in message and "\n" not in message
+
+
+def test_a_404_from_the_probe_is_one_redacted_line(tmp_path: Path) -> None:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        url = f"http://bob:{PASSWORD}@127.0.0.1:{port}/v1?key={QUERY_SECRET}"
+        with pytest.raises(EndpointError) as info:
+            probe_endpoint(url, KEY)
+    finally:
+        server.shutdown()
+        server.server_close()
+    message = str(info.value)
+    _assert_clean(message)
+    assert "\n" not in message and "HTTP 404" in message and f"127.0.0.1:{port}" in message
+    assert "For more information" not in message
+
+
+def test_the_token_server_error_names_no_credentials(fake: FakeOpenAI) -> None:
+    counter = ServerCounter(_url(fake), fake.model, KEY)  # the fake has no /tokenize
+    with pytest.raises(TokenizerError) as info:
+        counter.count_text("probe")
+    message = str(info.value)
+    _assert_clean(message)
+    assert "\n" not in message and "/tokenize" in message
