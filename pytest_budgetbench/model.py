@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
 from pytest_budgetbench.messages import Message
@@ -38,6 +38,13 @@ class Completion:
     latency_s: float
     """The original call's latency, also when the reply comes from the response cache."""
     cached: bool = False
+
+
+class ChatBackend(Protocol):
+    """What answers a chat, as every consumer sees it: :class:`ChatModel`, the response
+    cache around one, a test's fake. The runner, auxiliary calls and training need no more."""
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion: ...
 
 
 def redact_url(url: str) -> str:
