@@ -26,7 +26,7 @@ from pytest_budgetbench.strategies.budgetmem.pipeline import (
     State,
     mean_vector,
 )
-from pytest_budgetbench.strategies.budgetmem.strategies import BudgetMem
+from pytest_budgetbench.strategies.budgetmem.strategy import BudgetMem
 from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier
 
 if TYPE_CHECKING:

@@ -57,7 +57,7 @@ from pytest_budgetbench.strategies.budgetmem.router import (
     lambda_label,
     policy_class,
 )
-from pytest_budgetbench.strategies.budgetmem.strategies import BudgetMem
+from pytest_budgetbench.strategies.budgetmem.strategy import BudgetMem
 from pytest_budgetbench.strategies.budgetmem.tiers import (
     AXES,
     AXIS_OPTION,
