@@ -125,7 +125,7 @@ def add_train_router_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
     # The handler lives with BudgetMem; importing it loads no torch (training does).
-    from pytest_budgetbench.strategies.budgetmem import train
+    from pytest_budgetbench.strategies.budgetmem import command
 
     parser = subparsers.add_parser(
         "train-router",
@@ -135,8 +135,8 @@ def add_train_router_command(
         "update it with PPO. Seeded; resumes from DIR's state file unless --fresh. The "
         "strategy budgetmem@LAMBDA then loads DIR/budgetmem-lambdaLAMBDA.pt.",
     )
-    train.add_arguments(parser)
-    parser.set_defaults(handler=train.run_train_router)
+    command.add_arguments(parser)
+    parser.set_defaults(handler=command.run_train_router)
 
 
 # -- entry point ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ embedding, the embedding of the state the module is about to read (the mean vect
 the retrieved passages for the filter, of the kept passages for the relation modules, and
 of those and the relation notes for the summary), and the module's learned identity
 embedding. ``budgetbench train-router --lambda L`` trains it (PPO, see
-:mod:`~pytest_budgetbench.strategies.budgetmem.train`) and writes
+:mod:`~pytest_budgetbench.strategies.budgetmem.ppo`) and writes
 ``<dir>/budgetmem-lambda<L>.pt``; the strategy ``budgetmem@L`` reads it from
 ``options["budgetmem_router_dir"]`` (default ``budgetmem-routers``, relative to the
 working directory). torch is imported only when a router decides.
