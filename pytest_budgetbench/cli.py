@@ -99,8 +99,8 @@ def _usage(message: str) -> int:
 def add_train_router_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
-    # The handler lives with BudgetMem; importing it loads no torch (training does).
-    from pytest_budgetbench.strategies.budgetmem import command
+    # Importing the command loads no torch (training does).
+    from pytest_budgetbench import train_router
 
     parser = subparsers.add_parser(
         "train-router",
@@ -110,8 +110,8 @@ def add_train_router_command(
         "update it with PPO. Seeded; resumes from DIR's state file unless --fresh. The "
         "strategy budgetmem@LAMBDA then loads DIR/budgetmem-lambdaLAMBDA.pt.",
     )
-    command.add_arguments(parser)
-    parser.set_defaults(handler=command.run_train_router)
+    train_router.add_arguments(parser)
+    parser.set_defaults(handler=train_router.run_train_router)
 
 
 # -- entry point ----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyErr
 from pytest_budgetbench.messages import Message, check_messages
 from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
 from pytest_budgetbench.records import SCHEMA_VERSION, RunStore
-from pytest_budgetbench.strategies import Strategy, StrategyContext, load_strategy
+from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 
@@ -173,7 +173,7 @@ class Runner:
         run_id: str,
         tokens: TokenCounter,
         chat: ChatBackend,
-        embedder_factory: Callable[[], Any] | None = None,
+        embedder_factory: Callable[[], Embedder] | None = None,
         aux_chats: dict[str, ChatBackend] | None = None,
     ) -> None:
         self.settings = settings

@@ -23,21 +23,24 @@ from pytest_budgetbench.records import RunStore  # noqa: E402
 from pytest_budgetbench.runner import Catalog, Endpoint, Runner  # noqa: E402
 from pytest_budgetbench.strategies import load_strategy  # noqa: E402
 from pytest_budgetbench.strategies.base import StrategyContext  # noqa: E402
-from pytest_budgetbench.strategies.budgetmem.environment import PipelineEnvironment  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.policy import Policy  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.ppo import (  # noqa: E402
     CostNormaliser,
     EpisodeResult,
-    Sampler,
     TrainConfig,
     Trainer,
     episode_order,
     train,
 )
-from pytest_budgetbench.strategies.budgetmem.router import Features, checkpoint_path  # noqa: E402
+from pytest_budgetbench.strategies.budgetmem.router import (  # noqa: E402
+    Features,
+    Sampler,
+    checkpoint_path,
+)
 from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier  # noqa: E402
 from pytest_budgetbench.tasks.memory import MemoryTask  # noqa: E402
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy  # noqa: E402
+from pytest_budgetbench.train_environment import PipelineEnvironment  # noqa: E402
 from tests.fake_openai import FakeOpenAI, reading_responder  # noqa: E402
 from tests.strategy_helpers import memory_items  # noqa: E402
 
@@ -196,7 +199,8 @@ def _environment(tokens: TokenCounter, run_dir: Path, cost: str = "tokens",
     runner = Runner(settings, catalog, Endpoint("http://fake", "fake"), RunStore(run_dir),
                     "train", tokens=tokens, chat=chat or FakeChat(tokens),
                     embedder_factory=HashingEmbedder)
-    return PipelineEnvironment(runner=runner, task=task.name, budget=900, cost=cost,
+    return PipelineEnvironment(runner=runner, task=task.name, items=catalog.items(task.name),
+                               embedder_factory=HashingEmbedder, budget=900, cost=cost,
                                meta={"embedder": "hashing-64"})
 
 

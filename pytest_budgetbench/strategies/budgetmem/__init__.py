@@ -8,8 +8,9 @@ query-aware router that picks them, and the fixed-tier controls the paper lacks.
 - :mod:`.strategy`: the strategy, and ``budgetmem_low``, ``_mid``, ``_high``, ``_random``;
 - :mod:`.router`: ``budgetmem@<lambda>`` and its checkpoints;
 - :mod:`.policy`: the torch policy network (imported only by routers and training);
-- :mod:`.ppo`: the PPO learner; :mod:`.environment`: episodes as the runner's cells;
-- :mod:`.command`: ``budgetbench train-router``.
+- :mod:`.ppo`: the PPO learner, on any environment; the pipeline's episodes, as the
+  runner's cells, are in :mod:`pytest_budgetbench.train_environment`, and
+  ``budgetbench train-router`` in :mod:`pytest_budgetbench.train_router`.
 
 Nothing here imports torch, numpy or an embedding model at import time.
 """

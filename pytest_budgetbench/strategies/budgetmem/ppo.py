@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.strategies.budgetmem.router import (
     Features,
+    Sampler,
     checkpoint_path,
     lambda_label,
     policy_class,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 COST_SIGNALS: tuple[str, ...] = ("tokens", "seconds", "usd")
 COST_FLOORS: dict[str, float] = {"tokens": 1.0, "seconds": 1e-3, "usd": 1e-9}
 SCALE_QUANTILE = 0.9
-Sampler = Callable[[Features], Tier]
 
 
 # -- cost normalisation ----------------------------------------------------------------------

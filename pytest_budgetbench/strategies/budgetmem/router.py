@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -38,6 +39,8 @@ PREFIX = "budgetmem@"
 
 Features = tuple[tuple[float, ...], tuple[float, ...], int]
 """(query embedding, module state embedding, module index)."""
+Sampler = Callable[[Features], Tier]
+"""A tier for a module's features: a trained policy's argmax, or training's draw."""
 
 
 def lambda_label(text: str | float) -> str:
@@ -110,6 +113,18 @@ class BudgetMemRouter(BudgetMem):
         directory = self.context.options.get(ROUTER_DIR_OPTION) or DEFAULT_ROUTER_DIR
         policy = load_policy(checkpoint_path(directory, self.lam), self.name)
         return policy.decide(features(module, state, services))
+
+
+class SampledBudgetMem(BudgetMem):
+    """Tiers drawn by ``sample`` from the router's features: the policy being trained."""
+
+    name = "budgetmem_training"
+
+    def __init__(self, sample: Sampler) -> None:
+        self.sample = sample
+
+    def choose(self, module: str, state: State, services: Services) -> Tier:
+        return self.sample(features(module, state, services))
 
 
 _ROUTERS: dict[str, type[BudgetMemRouter]] = {}

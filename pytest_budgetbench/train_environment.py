@@ -1,49 +1,42 @@
-"""The BudgetMem pipeline as a training environment: an episode is one cell.
+"""The BudgetMem pipeline as the PPO learner's environment: an episode is one cell.
 
 Each episode runs through the sweep's own :class:`~pytest_budgetbench.runner.Runner`, with
 a strategy whose tier chooser is the policy's sampler, so training counts, enforces the
 budget, checks the strategy's messages and wraps its failures exactly as a sweep does, and
 records each episode as a row (``cells.jsonl`` of the runner's store).
+
+It sits beside the runner, above the strategies and tasks it joins (BudgetMem never
+imports a task or the runner); ``budgetbench train-router``
+(:mod:`pytest_budgetbench.train_router`) builds the runner through the wiring.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome, Services, State
-from pytest_budgetbench.strategies.budgetmem.ppo import EpisodeResult, Sampler
-from pytest_budgetbench.strategies.budgetmem.router import features
-from pytest_budgetbench.strategies.budgetmem.strategy import BudgetMem
-from pytest_budgetbench.strategies.budgetmem.tiers import Tier
-
-if TYPE_CHECKING:
-    from pytest_budgetbench.runner import CellResult, Runner
-    from pytest_budgetbench.tasks import Item, Task
-
-
-class SampledBudgetMem(BudgetMem):
-    """The pipeline with each module's tier drawn by ``sample`` (the policy, in training)."""
-
-    name = "budgetmem_training"
-
-    def __init__(self, sample: Sampler) -> None:
-        self.sample = sample
-
-    def choose(self, module: str, state: State, services: Services) -> Tier:
-        return self.sample(features(module, state, services))
+from pytest_budgetbench.runner import CellResult, Runner
+from pytest_budgetbench.strategies.base import Embedder
+from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome
+from pytest_budgetbench.strategies.budgetmem.ppo import EpisodeResult
+from pytest_budgetbench.strategies.budgetmem.router import SampledBudgetMem, Sampler
+from pytest_budgetbench.tasks import REGISTRY as TASKS
+from pytest_budgetbench.tasks import Item, Task, TaskOptions
 
 
 @dataclass
 class PipelineEnvironment:
-    """Episodes of the real pipeline on the items of ``runner``'s task ``task``, answered
-    and graded by the runner."""
+    """Episodes of the real pipeline on ``items`` of task ``task``, each run, answered and
+    graded by ``runner`` as a cell of ``budget`` tokens."""
 
     runner: Runner
     task: str
+    items: list[Item]
+    embedder_factory: Callable[[], Embedder]
     budget: int
     cost: str = "tokens"
     prices: tuple[float, float] = (0.0, 0.0)
@@ -52,20 +45,13 @@ class PipelineEnvironment:
     _dim: int | None = None
 
     @property
-    def items(self) -> list[Item]:
-        return self.runner.catalog.items(self.task)
-
-    @property
     def size(self) -> int:
         return len(self.items)
 
     @property
     def dim(self) -> int:
         if self._dim is None:
-            factory = self.runner.embedder_factory
-            if factory is None:
-                raise ConfigError("training needs an embedder: the runner has none")
-            self._dim = len(factory().embed(["dimension probe"])[0])
+            self._dim = len(self.embedder_factory().embed(["dimension probe"])[0])
         return self._dim
 
     def run(self, index: int, sample: Sampler) -> EpisodeResult:
@@ -96,9 +82,6 @@ class PipelineEnvironment:
 def load_training_items(task_name: str, data: Path | None, split: str, count: int,
                         seed: int) -> tuple[Task, list[Item]]:
     """The task and its first ``count`` items of the training split."""
-    from pytest_budgetbench.tasks import REGISTRY as TASKS
-    from pytest_budgetbench.tasks import TaskOptions
-
     cls = TASKS.resolve(task_name)
     extra: dict[str, Any] = {"locomo_samples": split} if cls.name == "locomo" else {}
     task = cls(TaskOptions(seed=seed, data_path=data, extra=extra))

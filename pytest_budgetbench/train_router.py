@@ -1,7 +1,11 @@
 """``budgetbench train-router``: its options, and the run that wires the real pipeline
-(through :mod:`pytest_budgetbench.wiring`, as the plugin does) into PPO training.
+(through :mod:`pytest_budgetbench.wiring`, as the plugin does) into BudgetMem's PPO
+training (:mod:`~pytest_budgetbench.strategies.budgetmem.ppo`, on the episodes of
+:mod:`~pytest_budgetbench.train_environment`).
 
-Options the plugin also has take their parser and default from ``config.OPTIONS``.
+A console command, beside :mod:`pytest_budgetbench.cli` at the top layer: it builds the
+runner, so it may import the wiring; BudgetMem's own modules never do. Options the plugin
+also has take their parser and default from ``config.OPTIONS``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,6 @@ from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.records import RunStore
 from pytest_budgetbench.runner import Catalog
-from pytest_budgetbench.strategies.budgetmem.environment import (
-    PipelineEnvironment,
-    load_training_items,
-)
 from pytest_budgetbench.strategies.budgetmem.ppo import COST_SIGNALS, TrainConfig, train
 from pytest_budgetbench.strategies.budgetmem.router import DEFAULT_ROUTER_DIR, lambda_label
 from pytest_budgetbench.strategies.budgetmem.tiers import (
@@ -31,6 +31,10 @@ from pytest_budgetbench.strategies.budgetmem.tiers import (
     AXIS_OPTION,
     DEFAULT_TOP_K,
     TOP_K_OPTION,
+)
+from pytest_budgetbench.train_environment import (
+    PipelineEnvironment,
+    load_training_items,
 )
 
 if TYPE_CHECKING:
@@ -160,7 +164,9 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
         close()
         raise
     env = PipelineEnvironment(
-        runner=runner, task=task.name, budget=args.budget, cost=args.cost,
+        runner=runner, task=task.name, items=items,
+        embedder_factory=wiring.embedder_factory(settings.embedding_model),
+        budget=args.budget, cost=args.cost,
         prices=(args.price_in or 0.0, args.price_out or 0.0),
         meta={"task": args.task, "split": args.split, "items": len(items), "axis": args.axis,
               "embedder": args.embedding_model, "budget": args.budget, "top_k": args.top_k,
