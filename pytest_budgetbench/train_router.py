@@ -142,7 +142,7 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     args.out.mkdir(parents=True, exist_ok=True)
     server = None
     if settings.endpoint:
-        endpoint = wiring.resolve_endpoint(settings)
+        endpoint = wiring.resolve_endpoint(settings, model_flag="--model")
     else:
         server, endpoint = wiring.start_embedded(
             wiring.embedded_context(args.budget, settings.max_tokens), settings.threads,

@@ -28,16 +28,18 @@ MIN_EMBEDDED_CONTEXT = 8192
 
 
 # -- endpoints -----------------------------------------------------------------------------
-def resolve_endpoint(settings: Settings) -> Endpoint:
-    """The sweep's endpoint; probed, so an unreachable one fails before any cell runs."""
+def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-model") -> Endpoint:
+    """The endpoint of ``settings.endpoint`` (which must be set), serving ``settings.model``
+    or its first listed model; probed, so an unreachable one fails before any cell runs."""
     from pytest_budgetbench.model import probe_endpoint
 
-    assert settings.endpoint is not None
+    if settings.endpoint is None:
+        raise ValueError("resolve_endpoint needs settings.endpoint; else start_embedded")
     served = probe_endpoint(settings.endpoint, settings.api_key)
     model = settings.model or (served[0] if served else None)
     if not model:
         raise EndpointError(
-            f"{redact_url(settings.endpoint)} lists no models; pass --budgetbench-model=NAME"
+            f"{redact_url(settings.endpoint)} lists no models; pass {model_flag}=NAME"
         )
     return Endpoint(base_url=settings.endpoint, model=model)
 
