@@ -33,10 +33,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model import Completion, redact_url
+from pytest_budgetbench.model import ChatModel, Completion, redact_url
 
 CACHE_FILE = "responses.sqlite"
 
@@ -58,16 +58,6 @@ CREATE TABLE IF NOT EXISTS claims (
     since REAL NOT NULL
 );
 """
-
-
-class Chat(Protocol):
-    base_url: str
-    model: str
-
-    @property
-    def params(self) -> dict[str, Any]: ...
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion: ...
 
 
 def request_key(endpoint: str, model: str, params: dict[str, Any],
@@ -175,12 +165,15 @@ class ResponseStore:
 
 class CachingChatModel:
     """A chat model whose identical requests are sent once; replies say where they came from.
+    It is a :class:`~pytest_budgetbench.model.ChatBackend` itself.
 
     The key holds the wrapped model's generation parameters (temperature, seed) and
-    ``max_tokens``, so a change to any of them is a new request.
+    ``max_tokens``, so a change to any of them is a new request; that is why it wraps the
+    concrete client, which knows them, and not any backend. ``endpoint`` names who answers
+    (``Endpoint.identity``); without it the client's URL does, port included.
     """
 
-    def __init__(self, chat: Chat, store: ResponseStore, *, endpoint: str | None = None,
+    def __init__(self, chat: ChatModel, store: ResponseStore, *, endpoint: str | None = None,
                  poll_s: float = 0.05) -> None:
         self._chat = chat
         self._store = store

@@ -13,35 +13,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_budgetbench.arguments import from_option
+
 EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-
-def _rate(text: str) -> float:
-    value = non_negative(text)
-    if value > 1.0:
-        raise argparse.ArgumentTypeError(f"expected a rate between 0 and 1, got {text}")
-    return value
-
-
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0.0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 # -- report ---------------------------------------------------------------------------------
@@ -58,25 +32,25 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="output directory (default: RUN_DIR/report for one run, "
                         "./budgetbench-report for several)")
-    parser.add_argument("--reference", metavar="STRATEGY@BUDGET",
+    parser.add_argument("--reference", **from_option("reference"),
                         help="the cell to pair against (default: full_context at its largest "
                         "budget; a bare strategy means its largest budget)")
-    parser.add_argument("--resamples", type=positive_int, default=2000, metavar="N",
-                        help="bootstrap resamples per interval (default: 2000)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="bootstrap seed (default: 0)")
-    parser.add_argument("--price-in", type=non_negative, metavar="USD",
-                        help="USD per million input tokens (with --price-out)")
-    parser.add_argument("--price-out", type=non_negative, metavar="USD",
-                        help="USD per million output tokens (with --price-in)")
+    parser.add_argument("--resamples", **from_option(
+        "resamples", metavar="N", help="bootstrap resamples per interval (default: 2000)"))
+    parser.add_argument("--seed", **from_option("seed", metavar="S",
+                                                help="bootstrap seed (default: 0)"))
+    parser.add_argument("--price-in", **from_option(
+        "price_in", help="USD per million input tokens (with --price-out)"))
+    parser.add_argument("--price-out", **from_option(
+        "price_out", help="USD per million output tokens (with --price-in)"))
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     gates = parser.add_argument_group("gates")
-    gates.add_argument("--max-violation-rate", type=_rate, metavar="R",
+    gates.add_argument("--max-violation-rate", **from_option("max_violation_rate"),
                        help="fail when a non-reference strategy@budget's violation rate "
                        "exceeds R")
     gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
                        help="a previous report.json to compare against")
-    gates.add_argument("--max-regression", type=non_negative, default=0.0, metavar="D",
+    gates.add_argument("--max-regression", **from_option("max_regression"),
                        help="with --baseline: the quality drop tolerated before a significant "
                        "fall fails (default: 0)")
     parser.set_defaults(handler=run_report)
@@ -109,7 +83,8 @@ def run_report(args: argparse.Namespace) -> int:
     if args.max_violation_rate is not None:
         reasons += violation_gate(report, args.max_violation_rate)
     if args.baseline is not None:
-        reasons += regression_gate(report, args.baseline, args.max_regression)
+        # Unlike the plugin's, this gate runs on --baseline alone, tolerating no drop.
+        reasons += regression_gate(report, args.baseline, args.max_regression or 0.0)
     for reason in reasons:
         print(f"budgetbench: gate failed: {reason}", file=sys.stderr)
     return EXIT_GATE_FAILED if reasons else EXIT_OK
@@ -124,8 +99,8 @@ def _usage(message: str) -> int:
 def add_train_router_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
-    # The handler lives with BudgetMem; importing it loads no torch (training does).
-    from pytest_budgetbench.strategies.budgetmem import train
+    # Importing the command loads no torch (training does).
+    from pytest_budgetbench import train_router
 
     parser = subparsers.add_parser(
         "train-router",
@@ -135,8 +110,8 @@ def add_train_router_command(
         "update it with PPO. Seeded; resumes from DIR's state file unless --fresh. The "
         "strategy budgetmem@LAMBDA then loads DIR/budgetmem-lambdaLAMBDA.pt.",
     )
-    train.add_arguments(parser)
-    parser.set_defaults(handler=train.run_train_router)
+    train_router.add_arguments(parser)
+    parser.set_defaults(handler=train_router.run_train_router)
 
 
 # -- regrade --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
 from pytest_budgetbench.messages import Message
@@ -54,6 +54,13 @@ class Completion:
 
 MAX_BACKOFF_S = 60.0
 """The longest wait between attempts, whatever the server's Retry-After asks for."""
+
+
+class ChatBackend(Protocol):
+    """What answers a chat, as every consumer sees it: :class:`ChatModel`, the response
+    cache around one, a test's fake. The runner, auxiliary calls and training need no more."""
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion: ...
 
 
 def retry_after_seconds(header: str | None, now: float | None = None) -> float | None:

@@ -23,9 +23,9 @@ from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
 from pytest_budgetbench.messages import Message, check_messages
-from pytest_budgetbench.model import ChatModel, Completion, redact_url
+from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
 from pytest_budgetbench.records import CellRow, RunStore
-from pytest_budgetbench.strategies import Strategy, StrategyContext, load_strategy
+from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 
@@ -74,7 +74,7 @@ class RecordedAuxModel:
 
     def __init__(
         self,
-        chat: ChatModel,
+        chat: ChatBackend,
         tokens: TokenCounter,
         budget: int,
         cell_id: str,
@@ -98,7 +98,7 @@ class RecordedAuxModel:
                                   completion.latency_s, self.label, completion.cached))
         return completion.text
 
-    def sibling(self, chat: ChatModel, label: str) -> RecordedAuxModel:
+    def sibling(self, chat: ChatBackend, label: str) -> RecordedAuxModel:
         """Another model for the same cell, recorded in the same list."""
         return RecordedAuxModel(chat, self._tokens, self._budget, self._cell_id,
                                 label=label, calls=self.calls)
@@ -147,6 +147,11 @@ class Catalog:
         self._tasks: dict[str, Task] = {}
         self._items: dict[str, list[Item]] = {}
 
+    def provide(self, task: Task, items: list[Item]) -> None:
+        """Use ``task`` and ``items``, already loaded, for cells of ``task.name``."""
+        self._tasks[task.name] = task
+        self._items[task.name] = items
+
     def task(self, name: str) -> Task:
         if name not in self._tasks:
             self._tasks[name] = make_task(name, self.settings)
@@ -169,9 +174,9 @@ class Runner:
         store: RunStore,
         run_id: str,
         tokens: TokenCounter,
-        chat: ChatModel,
-        embedder_factory: Callable[[], Any] | None = None,
-        aux_chats: dict[str, ChatModel] | None = None,
+        chat: ChatBackend,
+        embedder_factory: Callable[[], Embedder] | None = None,
+        aux_chats: dict[str, ChatBackend] | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -192,10 +197,14 @@ class Runner:
         return strategies[name]
 
     # -- the cell ----------------------------------------------------------------------
-    def run(self, cell: Cell, timer: Timer | None = None) -> CellResult:
+    def run(
+        self, cell: Cell, timer: Timer | None = None, *, strategy: Strategy | None = None
+    ) -> CellResult:
+        """Run ``cell``; ``strategy``, when given, is the instance that runs it instead of
+        the one its name loads (training runs its own tier sampler through here)."""
         task = self.catalog.task(cell.task)
         item = self.catalog.items(cell.task)[cell.item_index]
-        strategy = self.strategy(cell.strategy)
+        strategy = strategy or self.strategy(cell.strategy)
         context = self._context(cell, item)
         row = self._base_row(cell, item, strategy)
         try:

@@ -15,14 +15,20 @@ import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench import wiring
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError, TokenizerError
+from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError
+from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model import redact_url
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
-from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner
+from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Timer
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.cache import ResponseStore
+    from pytest_budgetbench.model import EmbeddedServer
 
 WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
@@ -80,7 +86,7 @@ class BudgetBenchSession:
         }
         self.store = RunStore(run_dir)
         self.catalog = Catalog(settings)
-        self.server: Any = None
+        self.server: EmbeddedServer | None = None
         self.results: dict[str, CellResult] = {}
         self._pending: dict[str, Future[CellResult]] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -93,20 +99,11 @@ class BudgetBenchSession:
         """Resolve the endpoint before any cell runs; raises EndpointError with the reason."""
         settings = self.settings
         if settings.endpoint:
-            from pytest_budgetbench.model import probe_endpoint
-
-            served = probe_endpoint(settings.endpoint, settings.api_key)
-            model = settings.model or (served[0] if served else None)
-            if not model:
-                raise EndpointError(
-                    f"{redact_url(settings.endpoint)} lists no models; "
-                    "pass --budgetbench-model=NAME"
-                )
-            self.endpoint = Endpoint(base_url=settings.endpoint, model=model)
+            self.endpoint = wiring.resolve_endpoint(settings)
         else:
             self.endpoint = self._start_embedded()
         self.aux_endpoints = {
-            name: self._resolve_aux(name, target)
+            name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
         }
         self._write_run_info()
@@ -137,38 +134,13 @@ class BudgetBenchSession:
             return None
         return info if isinstance(info, dict) else None
 
-    def _resolve_aux(self, name: str, target: str) -> Endpoint:
-        """``URL#MODEL``, or a bare URL whose first listed model is used."""
-        from pytest_budgetbench.model import probe_endpoint
-
-        url, _, model = target.partition("#")
-        if not model:
-            served = probe_endpoint(url, self.settings.api_key)
-            if not served:
-                raise EndpointError(
-                    f"auxiliary model '{name}' at {redact_url(url)} lists no models; "
-                    f"pass --budgetbench-aux-models={name}=URL#MODEL"
-                )
-            model = served[0]
-        return Endpoint(base_url=url, model=model)
-
     def _start_embedded(self) -> Endpoint:
-        from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer
-
         settings = self.settings
-        n_ctx = max(8192, max(settings.budgets) + settings.max_tokens + 64)
-        server = EmbeddedServer(
-            n_ctx=n_ctx, threads=settings.threads, log_path=self.store.run_dir / "server.log"
+        self.server, endpoint = wiring.start_embedded(
+            wiring.embedded_context(max(settings.budgets), settings.max_tokens),
+            settings.threads, self.store.run_dir / "server.log",
         )
-        server.start()
-        self.server = server
-        return Endpoint(
-            base_url=server.base_url,
-            model=EMBEDDED_MODEL_ALIAS,
-            embedded=True,
-            gguf_path=str(server.model_path),
-            server_flags=dict(server.flags),
-        )
+        return endpoint
 
     def worker_state(self) -> dict[str, Any]:
         assert self.endpoint is not None
@@ -245,67 +217,15 @@ class BudgetBenchSession:
     def _make_runner(self) -> Runner:
         if self.endpoint is None:
             raise EndpointError("the sweep's endpoint was not resolved at session start")
-        settings = self.settings
-        return Runner(
-            settings,
-            self.catalog,
-            self.endpoint,
-            self.store,
-            self.run_id,
-            tokens=make_counter(settings.tokenizer, self.endpoint, settings.api_key),
-            chat=self._chat(self.endpoint),
-            embedder_factory=self._embedder_factory(),
-            aux_chats={name: self._chat(e) for name, e in self.aux_endpoints.items()},
+        return wiring.make_runner(
+            self.settings, self.catalog, self.endpoint, self.store, self.run_id,
+            response_store=self.response_store, aux_endpoints=self.aux_endpoints,
         )
-
-    def _chat(self, endpoint: Endpoint) -> Any:
-        """The endpoint's client, behind the response cache and the request slots."""
-        from pytest_budgetbench.model import ChatModel, RequestSlots
-
-        settings = self.settings
-        slots = None
-        if settings.concurrency is not None:
-            slots = RequestSlots(self.store.run_dir / ".slots", settings.concurrency)
-        chat = ChatModel(
-            endpoint.base_url,
-            endpoint.model,
-            api_key=settings.api_key,
-            timeout=settings.timeout,
-            attempts=settings.retries,
-            temperature=settings.temperature,
-            seed=settings.seed,
-            slots=slots,
-        )
-        store = self.response_store
-        if store is None:
-            return chat
-        from pytest_budgetbench.cache import CachingChatModel
-
-        return CachingChatModel(chat, store, endpoint=endpoint.identity)
 
     @functools.cached_property
-    def response_store(self) -> Any:
+    def response_store(self) -> ResponseStore | None:
         """The response cache of --budgetbench-cache, or None when replies are sampled."""
-        mode = self.settings.cache_mode
-        if mode is None:
-            return None
-        from pytest_budgetbench.cache import CACHE_FILE, ResponseStore
-
-        if mode == "off":
-            path = self.store.run_dir / CACHE_FILE
-        else:
-            path = Path(self.settings.cache_path or Path(self.settings.out) / CACHE_FILE)
-        return ResponseStore(path, run_id=self.run_id, this_run_only=mode == "refresh")
-
-    def _embedder_factory(self) -> Any:
-        name = self.settings.embedding_model
-
-        def factory() -> Any:
-            from pytest_budgetbench.embeddings import make_embedder
-
-            return make_embedder(name)
-
-        return factory
+        return wiring.session_response_store(self.settings, self.store.run_dir, self.run_id)
 
     def skip_reason(self, cell: Cell) -> str | None:
         """Why a cell's task cannot run on this endpoint (e.g. it needs vision), or None."""
@@ -315,13 +235,13 @@ class BudgetBenchSession:
         }
         return self.catalog.task(cell.task).skip_reason(endpoint)
 
-    def run_cell(self, cell: Cell, timer: Any = None) -> CellResult:
+    def run_cell(self, cell: Cell, timer: Timer | None = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""
         if cell.cell_id not in self.results:
             self.results[cell.cell_id] = self._result(cell, timer)
         return self.results[cell.cell_id]
 
-    def _result(self, cell: Cell, timer: Any) -> CellResult:
+    def _result(self, cell: Cell, timer: Timer | None) -> CellResult:
         recorded = self.recorded.get(cell.cell_id)
         if recorded is not None:
             item = self.catalog.items(cell.task)[cell.item_index]
@@ -341,7 +261,7 @@ class BudgetBenchSession:
                 if row.get("status") in FINAL_STATUSES and "cell_id" in row}
 
     @functools.cached_property
-    def _recorded_prompts(self) -> dict[str, Any]:
+    def _recorded_prompts(self) -> dict[str, list[Message]]:
         return {entry["cell_id"]: entry["messages"] for entry in read_jsonl(
             self.store.prompts_path) if "messages" in entry and "cell_id" in entry}
 
@@ -366,30 +286,3 @@ def shard_cells(
         for item_index in range(len(item_ids)):
             positions[(task, item_index)] = len(positions)
     return [c for c in cells if positions[(c.task, c.item_index)] % count == index - 1]
-
-
-def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) -> Any:
-    """The token counter ``--budgetbench-tokenizer=choice`` asks for."""
-    from pytest_budgetbench import budget
-
-    if choice == "approx":
-        return budget.ApproxCounter()
-    if choice.startswith("hf:"):
-        return budget.HFCounter(choice[len("hf:"):])
-    if choice.startswith("gguf:"):
-        return budget.GGUFCounter(choice[len("gguf:"):])
-    if choice == "server":
-        return budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
-    # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
-    if endpoint.gguf_path:
-        return budget.GGUFCounter(endpoint.gguf_path)
-    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
-    try:
-        counter.count_text("probe")
-    except TokenizerError as exc:
-        raise TokenizerError(
-            f"--budgetbench-tokenizer=auto cannot count for {redact_url(endpoint.base_url)}: "
-            f"it has no /tokenize route. Pass hf:<dir-or-tokenizer.json> for exact counts, "
-            f"or approx to accept approximate ones ({exc})"
-        ) from None
-    return counter

@@ -100,6 +100,38 @@ def test_argparse_rejects(argv: list[str]) -> None:
     assert exc.value.code == EXIT_USAGE
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["report", "x", "--max-regression", "2"],
+      "argument --max-regression: must be a rate between 0 and 1, e.g. 0.05 (got '2')"),
+     (["report", "x", "--seed", "one"], "argument --seed: must be an integer (got 'one')"),
+     (["train-router", "--items", "0"],
+      "argument --items: must be a positive integer (got '0')"),
+     (["train-router", "--tokenizer", "exact"], "argument --tokenizer: must be auto, "
+      "server, approx, hf:<dir-or-tokenizer.json> or gguf:<file.gguf> (got 'exact')")],
+    ids=["max-regression-is-a-rate", "seed", "items", "tokenizer"],
+)
+def test_shared_options_parse_as_the_plugin_does(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Options the plugin has too take its parser: one line naming the command's flag."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == EXIT_USAGE
+    assert capsys.readouterr().err.splitlines()[-1].endswith(message)
+
+
+def test_shared_options_take_the_plugins_defaults() -> None:
+    from pytest_budgetbench.config import Settings
+
+    defaults = Settings()
+    report = build_parser().parse_args(["report", "x"])
+    assert (report.seed, report.resamples) == (defaults.seed, defaults.resamples)
+    train = build_parser().parse_args(["train-router"])
+    assert (train.max_tokens, train.tokenizer, train.embedding_model, train.api_key_env) == (
+        defaults.max_tokens, defaults.tokenizer, defaults.embedding_model, defaults.api_key_env)
+
+
 def test_subcommands_are_extensible() -> None:
     parser = build_parser()
     actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

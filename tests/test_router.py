@@ -13,29 +13,34 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_budgetbench import cli  # noqa: E402
+from pytest_budgetbench import cli, embeddings  # noqa: E402
 from pytest_budgetbench.budget import ApproxCounter, TokenCounter  # noqa: E402
+from pytest_budgetbench.config import Settings  # noqa: E402
 from pytest_budgetbench.errors import ConfigError  # noqa: E402
 from pytest_budgetbench.messages import Message, text_of  # noqa: E402
 from pytest_budgetbench.model import Completion  # noqa: E402
+from pytest_budgetbench.records import RunStore  # noqa: E402
+from pytest_budgetbench.runner import Catalog, Endpoint, Runner  # noqa: E402
 from pytest_budgetbench.strategies import load_strategy  # noqa: E402
 from pytest_budgetbench.strategies.base import StrategyContext  # noqa: E402
-from pytest_budgetbench.strategies.budgetmem import train as training  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.policy import Policy  # noqa: E402
-from pytest_budgetbench.strategies.budgetmem.router import Features, checkpoint_path  # noqa: E402
-from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier  # noqa: E402
-from pytest_budgetbench.strategies.budgetmem.train import (  # noqa: E402
+from pytest_budgetbench.strategies.budgetmem.ppo import (  # noqa: E402
     CostNormaliser,
     EpisodeResult,
-    PipelineEnvironment,
-    Sampler,
     TrainConfig,
     Trainer,
     episode_order,
     train,
 )
+from pytest_budgetbench.strategies.budgetmem.router import (  # noqa: E402
+    Features,
+    Sampler,
+    checkpoint_path,
+)
+from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier  # noqa: E402
 from pytest_budgetbench.tasks.memory import MemoryTask  # noqa: E402
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy  # noqa: E402
+from pytest_budgetbench.train_environment import PipelineEnvironment  # noqa: E402
 from tests.fake_openai import FakeOpenAI, reading_responder  # noqa: E402
 from tests.strategy_helpers import memory_items  # noqa: E402
 
@@ -184,11 +189,19 @@ class FakeChat:
         return Completion(text, self.tokens.count_messages(messages), 3, 0.01)
 
 
-def _environment(tokens: TokenCounter, cost: str = "tokens") -> PipelineEnvironment:
+def _environment(tokens: TokenCounter, run_dir: Path, cost: str = "tokens",
+                 chat: FakeChat | None = None) -> PipelineEnvironment:
+    """Episodes on three memory items, run by a runner as the command wires one."""
     task = MemoryTask(training_options())
-    return PipelineEnvironment(task=task, items=task.load()[:3], tokens=tokens,
-                               chat=FakeChat(tokens), embedder_factory=HashingEmbedder,
-                               budget=900, cost=cost, meta={"embedder": "hashing-64"})
+    settings = Settings(audit="off")
+    catalog = Catalog(settings)
+    catalog.provide(task, task.load()[:3])
+    runner = Runner(settings, catalog, Endpoint("http://fake", "fake"), RunStore(run_dir),
+                    "train", tokens=tokens, chat=chat or FakeChat(tokens),
+                    embedder_factory=HashingEmbedder)
+    return PipelineEnvironment(runner=runner, task=task.name, items=catalog.items(task.name),
+                               embedder_factory=HashingEmbedder, budget=900, cost=cost,
+                               meta={"embedder": "hashing-64"})
 
 
 def training_options() -> Any:
@@ -200,21 +213,49 @@ def training_options() -> Any:
 @pytest.fixture(scope="module")
 def router_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("routers")
-    env = _environment(ApproxCounter())
+    env = _environment(ApproxCounter(), out / "train-run")
     train(env, TrainConfig(lam=0.1, episodes=6, batch=3, seed=0), out, progress=lambda _l: None)
     return out
 
 
-def test_pipeline_episodes_are_graded_and_costed() -> None:
+def test_pipeline_episodes_are_graded_and_costed(tmp_path: Path) -> None:
     tokens = ApproxCounter()
-    env = _environment(tokens)
+    env = _environment(tokens, tmp_path)
     high = env.run(0, lambda _row: Tier.HIGH)
     low = env.run(0, lambda _row: Tier.LOW)
     assert high.tiers == dict.fromkeys(MODULES, "HIGH")
     assert high.cost > 0 and low.cost == 0.0
     assert low.score == 1.0  # the LOW pipeline keeps the planted fact; the fake reads it
-    seconds = _environment(tokens, cost="seconds").run(0, lambda _row: Tier.MID)
+    seconds = _environment(tokens, tmp_path, cost="seconds").run(0, lambda _row: Tier.MID)
     assert seconds.cost > 0  # heuristic and embedding tiers are not free
+    usd = _environment(tokens, tmp_path, cost="usd")
+    usd.prices = (1e6, 0.0)  # a dollar per input token: the cost is the aux input tokens
+    rows = RunStore(tmp_path).rows()
+    assert usd.run(0, lambda _row: Tier.HIGH).cost == rows[0]["aux_input_tokens"] > 0
+
+
+def test_episodes_run_as_the_runners_cells(tmp_path: Path) -> None:
+    """Each episode is a recorded cell: the runner counts, enforces and records it."""
+    env = _environment(ApproxCounter(), tmp_path)
+    env.run(1, lambda _row: Tier.HIGH)
+    (row,) = RunStore(tmp_path).rows()
+    assert row["status"] == "ok" and row["strategy"] == "budgetmem_training"
+    assert row["counted_tokens"] <= row["budget"] == 900
+    assert row["item_id"] == env.items[1].item_id and row["aux_input_tokens"] > 0
+
+
+def test_a_failing_episode_is_a_strategy_error_with_its_row(tmp_path: Path) -> None:
+    """A sampler that breaks fails the episode the way a sweep's strategy fails a cell."""
+    from pytest_budgetbench.errors import StrategyError
+
+    def broken(_row: Features) -> Tier:
+        raise RuntimeError("no tier")
+
+    env = _environment(ApproxCounter(), tmp_path)
+    with pytest.raises(StrategyError, match=r"budgetmem_training.*RuntimeError: no tier"):
+        env.run(0, broken)
+    (row,) = RunStore(tmp_path).rows()
+    assert row["status"] == "error" and "no tier" in row["error"]
 
 
 def test_router_strategy_conforms(router_dir: Path) -> None:
@@ -268,7 +309,7 @@ def test_train_router_command_trains_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = FakeOpenAI().start()
-    monkeypatch.setattr(training, "_embedder_factory", lambda _name: HashingEmbedder)
+    monkeypatch.setattr(embeddings, "make_embedder", lambda _name="": HashingEmbedder())
     argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",
             "--batch", "2", "--budget", "900", "--lambda", "0.25", "--out", str(tmp_path),
             "--endpoint", server.base_url, "--model", "fake-model", "--tokenizer", "approx"]
@@ -277,6 +318,7 @@ def test_train_router_command_trains_and_resumes(
         first = capsys.readouterr().out
         assert "episode 2/2" in first and "budgetmem-lambda0.25.pt" in first
         assert (tmp_path / "responses.sqlite").is_file()
+        assert len(RunStore(tmp_path / "train-run").rows()) == 2  # one row per episode
         argv[argv.index("--episodes") + 1] = "4"
         assert cli.main(argv) == 0
         second = capsys.readouterr().out

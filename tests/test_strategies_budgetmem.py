@@ -20,7 +20,7 @@ from pytest_budgetbench.strategies import REGISTRY, load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.pipeline import extract_final, question_of
 from pytest_budgetbench.strategies.budgetmem.router import BudgetMemRouter, checkpoint_path
-from pytest_budgetbench.strategies.budgetmem.strategies import (
+from pytest_budgetbench.strategies.budgetmem.strategy import (
     SUMMARY_HEADER,
     BudgetMem,
     BudgetMemHigh,
@@ -292,7 +292,7 @@ def test_locomo_split_selects_conversations(tmp_path: Path, monkeypatch: pytest.
 def test_budgetmem_and_the_cli_import_no_torch() -> None:
     code = (
         "import sys\n"
-        "import pytest_budgetbench.strategies.budgetmem.strategies\n"
+        "import pytest_budgetbench.strategies.budgetmem.strategy\n"
         "import pytest_budgetbench.strategies.budgetmem.router\n"
         "from pytest_budgetbench.cli import build_parser\n"
         "build_parser()\n"

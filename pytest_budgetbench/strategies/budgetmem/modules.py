@@ -1,4 +1,6 @@
-"""The five BudgetMem modules, each at three tiers.
+"""The five BudgetMem modules, each at three tiers, and :func:`run_pipeline`, which runs
+them in order over the retrieved passages (the services and state live in
+:mod:`~pytest_budgetbench.strategies.budgetmem.pipeline`, which imports no module).
 
 On the implementation axis LOW is a heuristic, MID uses embeddings, HIGH asks the
 auxiliary model; on the reasoning and capacity axes every tier asks the model (the
@@ -20,13 +22,23 @@ services pick the prompt style or the model by tier). Every module writes into t
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 from pytest_budgetbench import lexicon
+from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies._scoring import cosine
-from pytest_budgetbench.strategies.budgetmem.pipeline import Passage, Services, State
-from pytest_budgetbench.strategies.budgetmem.tiers import Tier
+from pytest_budgetbench.strategies.budgetmem.pipeline import (
+    Chooser,
+    Outcome,
+    Passage,
+    Services,
+    State,
+    question_of,
+    retrieve,
+)
+from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier
 
 ModuleRunner = Callable[[State, Tier, Services, int], None]
 NoteMaker = Callable[[State, Services, Tier], str]
@@ -288,3 +300,23 @@ MODULE_RUNNERS: dict[str, ModuleRunner] = {
     "topic": _relation("topic", TOPIC_INSTRUCTION, _topic_note),
     "summary": run_summary,
 }
+
+
+def run_pipeline(services: Services, history: Sequence[Message], query: str, top_k: int,
+                 summary_room: int, choose: Chooser) -> Outcome:
+    """Retrieve, then run every module at the tier ``choose`` picks for it."""
+    services.question = question_of(query)
+    started = time.perf_counter()
+    state = retrieve(services, history, services.question, top_k)
+    retrieve_s = time.perf_counter() - started
+    tiers: dict[str, Tier] = {}
+    for name in MODULES:
+        tier = choose(name, state)
+        tiers[name] = tier
+        module = MODULE_RUNNERS[name]
+
+        def run(module: ModuleRunner = module, tier: Tier = tier) -> None:
+            module(state, tier, services, summary_room)
+
+        services.timed(name, run)
+    return Outcome(state, tiers, services.costs, retrieve_s)

@@ -284,25 +284,3 @@ class Outcome:
 
     def cost_seconds(self) -> float:
         return self.retrieve_s + sum(c.seconds for c in self.costs.values())
-
-
-def run_pipeline(services: Services, history: Sequence[Message], query: str, top_k: int,
-                 summary_room: int, choose: Chooser) -> Outcome:
-    """Retrieve, then run every module at the tier ``choose`` picks for it."""
-    from pytest_budgetbench.strategies.budgetmem import modules
-
-    services.question = question_of(query)
-    started = time.perf_counter()
-    state = retrieve(services, history, services.question, top_k)
-    retrieve_s = time.perf_counter() - started
-    tiers: dict[str, Tier] = {}
-    for name in MODULES:
-        tier = choose(name, state)
-        tiers[name] = tier
-        module = modules.MODULE_RUNNERS[name]
-
-        def run(module: modules.ModuleRunner = module, tier: Tier = tier) -> None:
-            module(state, tier, services, summary_room)
-
-        services.timed(name, run)
-    return Outcome(state, tiers, services.costs, retrieve_s)

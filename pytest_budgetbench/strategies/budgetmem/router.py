@@ -6,7 +6,7 @@ embedding, the embedding of the state the module is about to read (the mean vect
 the retrieved passages for the filter, of the kept passages for the relation modules, and
 of those and the relation notes for the summary), and the module's learned identity
 embedding. ``budgetbench train-router --lambda L`` trains it (PPO, see
-:mod:`~pytest_budgetbench.strategies.budgetmem.train`) and writes
+:mod:`~pytest_budgetbench.strategies.budgetmem.ppo`) and writes
 ``<dir>/budgetmem-lambda<L>.pt``; the strategy ``budgetmem@L`` reads it from
 ``options["budgetmem_router_dir"]`` (default ``budgetmem-routers``, relative to the
 working directory). torch is imported only when a router decides.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,7 +27,7 @@ from pytest_budgetbench.strategies.budgetmem.pipeline import (
     State,
     mean_vector,
 )
-from pytest_budgetbench.strategies.budgetmem.strategies import BudgetMem
+from pytest_budgetbench.strategies.budgetmem.strategy import BudgetMem
 from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ PREFIX = "budgetmem@"
 
 Features = tuple[tuple[float, ...], tuple[float, ...], int]
 """(query embedding, module state embedding, module index)."""
+Sampler = Callable[[Features], Tier]
+"""A tier for a module's features: a trained policy's argmax, or training's draw."""
 
 
 def lambda_label(text: str | float) -> str:
@@ -110,6 +113,18 @@ class BudgetMemRouter(BudgetMem):
         directory = self.context.options.get(ROUTER_DIR_OPTION) or DEFAULT_ROUTER_DIR
         policy = load_policy(checkpoint_path(directory, self.lam), self.name)
         return policy.decide(features(module, state, services))
+
+
+class SampledBudgetMem(BudgetMem):
+    """Tiers drawn by ``sample`` from the router's features: the policy being trained."""
+
+    name = "budgetmem_training"
+
+    def __init__(self, sample: Sampler) -> None:
+        self.sample = sample
+
+    def choose(self, module: str, state: State, services: Services) -> Tier:
+        return self.sample(features(module, state, services))
 
 
 _ROUTERS: dict[str, type[BudgetMemRouter]] = {}

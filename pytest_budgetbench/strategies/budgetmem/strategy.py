@@ -1,8 +1,9 @@
 """The BudgetMem strategies: fixed-tier controls, a seeded random control, and routers.
 
-All run the same pipeline (:mod:`~pytest_budgetbench.strategies.budgetmem.pipeline`) and
-differ only in how each module's tier is chosen, so the report's paired deltas between a
-router and a control measure what the routing adds. The prompt is always the system
+All run the same pipeline
+(:func:`~pytest_budgetbench.strategies.budgetmem.modules.run_pipeline`) and differ only in
+how each module's tier is chosen, so the report's paired deltas between a router and a
+control measure what the routing adds. The prompt is always the system
 messages, one system message holding the pipeline's knowledge summary, and the query;
 the summary is cut until the whole prompt fits the budget (it is left out when system
 plus query leave no room).
@@ -19,12 +20,8 @@ from pytest_budgetbench.messages import Message, split_ends
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies._packing import query_text
 from pytest_budgetbench.strategies.base import Regime, Strategy
-from pytest_budgetbench.strategies.budgetmem.pipeline import (
-    Outcome,
-    Services,
-    State,
-    run_pipeline,
-)
+from pytest_budgetbench.strategies.budgetmem.modules import run_pipeline
+from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome, Services, State
 from pytest_budgetbench.strategies.budgetmem.tiers import (
     Tier,
     axis_option,

@@ -1,0 +1,72 @@
+"""argparse types for the ``budgetbench`` console commands.
+
+An option that the plugin also has (``--seed``, ``--resamples``, ``--max-tokens``, ...)
+takes its parser and default from :data:`pytest_budgetbench.config.OPTIONS`, looked up by
+``dest``, so the command line and the plugin accept the same values; only options of the
+commands alone (``--episodes``, ``--lr``) use the plain types here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from pytest_budgetbench.config import OPTIONS, OptionSpec
+from pytest_budgetbench.errors import ConfigError
+
+
+def non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0.0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def option_spec(dest: str) -> OptionSpec:
+    """The plugin's declaration of option ``dest``."""
+    for spec in OPTIONS:
+        if spec.dest == dest:
+            return spec
+    raise KeyError(f"config.OPTIONS declares no option {dest!r}")
+
+
+def option_type(dest: str) -> Callable[[str], Any]:
+    """The plugin's parser of ``dest`` as an argparse type: its ConfigError, which names
+    the plugin's flag, becomes argparse's error for the command's own flag."""
+    spec = option_spec(dest)
+
+    def parse(text: str) -> Any:
+        try:
+            return spec.parse(text)
+        except ConfigError as exc:
+            message = str(exc)
+            for flag in spec.flags:  # "--budgetbench-seed must be ..." -> "must be ..."
+                message = message.removeprefix(flag).lstrip()
+            raise argparse.ArgumentTypeError(message) from None
+
+    parse.__name__ = spec.dest  # argparse names the type in some of its messages
+    return parse
+
+
+def from_option(dest: str, **overrides: Any) -> dict[str, Any]:
+    """``add_argument`` keywords for an option the plugin declares: its parser, default
+    and metavar; ``overrides`` (a help text, say) win."""
+    spec = option_spec(dest)
+    keywords: dict[str, Any] = {"type": option_type(dest), "default": spec.default}
+    if spec.metavar:
+        keywords["metavar"] = spec.metavar
+    return {**keywords, **overrides}

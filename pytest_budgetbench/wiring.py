@@ -1,0 +1,197 @@
+"""The composition root: endpoint, token counter, chat client, response cache, embedder and
+runner, built from :class:`~pytest_budgetbench.config.Settings`.
+
+The plugin's session and ``budgetbench train-router`` both build their parts here, so a
+fix to one (the cache key of the embedded server, say) is a fix to both. Everything heavy
+(openai, llama.cpp, sentence-transformers, the tokenizers) is imported only when built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_budgetbench.config import Settings
+from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.model import ChatBackend, redact_url
+from pytest_budgetbench.records import RunStore
+from pytest_budgetbench.runner import Catalog, Endpoint, Runner
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.budget import TokenCounter
+    from pytest_budgetbench.cache import ResponseStore
+    from pytest_budgetbench.model import EmbeddedServer
+    from pytest_budgetbench.strategies import Embedder
+
+MIN_EMBEDDED_CONTEXT = 8192
+
+
+# -- endpoints -----------------------------------------------------------------------------
+def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-model") -> Endpoint:
+    """The endpoint of ``settings.endpoint`` (which must be set), serving ``settings.model``
+    or its first listed model; probed, so an unreachable one fails before any cell runs."""
+    from pytest_budgetbench.model import probe_endpoint
+
+    if settings.endpoint is None:
+        raise ValueError("resolve_endpoint needs settings.endpoint; else start_embedded")
+    served = probe_endpoint(settings.endpoint, settings.api_key)
+    model = settings.model or (served[0] if served else None)
+    if not model:
+        raise EndpointError(
+            f"{redact_url(settings.endpoint)} lists no models; pass {model_flag}=NAME"
+        )
+    return Endpoint(base_url=settings.endpoint, model=model)
+
+
+def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:
+    """An auxiliary model, ``URL#MODEL``, or a bare URL whose first listed model is used."""
+    from pytest_budgetbench.model import probe_endpoint
+
+    url, _, model = target.partition("#")
+    if not model:
+        served = probe_endpoint(url, api_key)
+        if not served:
+            raise EndpointError(
+                f"auxiliary model '{name}' at {redact_url(url)} lists no models; "
+                f"pass --budgetbench-aux-models={name}=URL#MODEL"
+            )
+        model = served[0]
+    return Endpoint(base_url=url, model=model)
+
+
+def embedded_context(budget: int, max_tokens: int) -> int:
+    """The embedded server's context: the largest budget plus the answer, with headroom."""
+    return max(MIN_EMBEDDED_CONTEXT, budget + max_tokens + 64)
+
+
+def start_embedded(n_ctx: int, threads: int | None,
+                   log_path: Path) -> tuple[EmbeddedServer, Endpoint]:
+    """Start the embedded llama.cpp server; the caller stops it."""
+    from pytest_budgetbench import model
+
+    server = model.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path)
+    server.start()
+    return server, Endpoint(
+        base_url=server.base_url,
+        model=model.EMBEDDED_MODEL_ALIAS,
+        embedded=True,
+        gguf_path=str(server.model_path),
+        server_flags=dict(server.flags),
+    )
+
+
+# -- the parts of a runner -----------------------------------------------------------------
+def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) -> TokenCounter:
+    """The token counter ``--budgetbench-tokenizer=choice`` asks for."""
+    from pytest_budgetbench import budget
+
+    if choice == "approx":
+        return budget.ApproxCounter()
+    if choice.startswith("hf:"):
+        return budget.HFCounter(choice[len("hf:"):])
+    if choice.startswith("gguf:"):
+        return budget.GGUFCounter(choice[len("gguf:"):])
+    if choice == "server":
+        return budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
+    # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
+    if endpoint.gguf_path:
+        return budget.GGUFCounter(endpoint.gguf_path)
+    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
+    try:
+        counter.count_text("probe")
+    except TokenizerError as exc:
+        raise TokenizerError(
+            f"--budgetbench-tokenizer=auto cannot count for {redact_url(endpoint.base_url)}: "
+            f"it has no /tokenize route. Pass hf:<dir-or-tokenizer.json> for exact counts, "
+            f"or approx to accept approximate ones ({exc})"
+        ) from None
+    return counter
+
+
+def open_response_store(path: Path, run_id: str, *,
+                        this_run_only: bool = False) -> ResponseStore:
+    from pytest_budgetbench.cache import ResponseStore
+
+    return ResponseStore(path, run_id=run_id, this_run_only=this_run_only)
+
+
+def session_response_store(settings: Settings, run_dir: Path,
+                           run_id: str) -> ResponseStore | None:
+    """The response cache of --budgetbench-cache, or None when replies are sampled."""
+    from pytest_budgetbench.cache import CACHE_FILE
+
+    mode = settings.cache_mode
+    if mode is None:
+        return None
+    if mode == "off":
+        path = run_dir / CACHE_FILE
+    else:
+        path = Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
+    return open_response_store(path, run_id, this_run_only=mode == "refresh")
+
+
+def make_chat(settings: Settings, endpoint: Endpoint, *,
+              response_store: ResponseStore | None, slots_dir: Path) -> ChatBackend:
+    """The endpoint's client, behind the request slots and the response cache. The cache
+    keys on ``endpoint.identity``: the embedded server's model and flags, not its port."""
+    from pytest_budgetbench.model import ChatModel, RequestSlots
+
+    slots = None
+    if settings.concurrency is not None:
+        slots = RequestSlots(slots_dir, settings.concurrency)
+    chat = ChatModel(
+        endpoint.base_url,
+        endpoint.model,
+        api_key=settings.api_key,
+        timeout=settings.timeout,
+        attempts=settings.retries,
+        temperature=settings.temperature,
+        seed=settings.seed,
+        slots=slots,
+    )
+    if response_store is None:
+        return chat
+    from pytest_budgetbench.cache import CachingChatModel
+
+    return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
+
+
+def embedder_factory(name: str) -> Callable[[], Embedder]:
+    """Loads the embedding model ``name`` when a strategy first asks for it."""
+
+    def factory() -> Embedder:
+        from pytest_budgetbench.embeddings import make_embedder
+
+        return make_embedder(name)
+
+    return factory
+
+
+def make_runner(
+    settings: Settings,
+    catalog: Catalog,
+    endpoint: Endpoint,
+    store: RunStore,
+    run_id: str,
+    *,
+    response_store: ResponseStore | None,
+    aux_endpoints: Mapping[str, Endpoint] | None = None,
+) -> Runner:
+    """The runner of ``settings`` on ``endpoint``, writing into ``store``."""
+    slots_dir = store.run_dir / ".slots"
+
+    def chat(target: Endpoint) -> ChatBackend:
+        return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir)
+
+    return Runner(
+        settings,
+        catalog,
+        endpoint,
+        store,
+        run_id,
+        tokens=make_counter(settings.tokenizer, endpoint, settings.api_key),
+        chat=chat(endpoint),
+        embedder_factory=embedder_factory(settings.embedding_model),
+        aux_chats={name: chat(target) for name, target in (aux_endpoints or {}).items()},
+    )

@@ -1,0 +1,58 @@
+"""The composition root: the plugin session and ``budgetbench train-router`` build their
+endpoint, counter, chat client, response cache and runner the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from pytest_budgetbench import cli, embeddings, model
+from pytest_budgetbench.testing import HashingEmbedder
+from tests.fake_openai import FakeOpenAI
+
+pytest.importorskip("torch")
+
+
+class FakeEmbeddedServer:
+    """Stands in for the llama.cpp server: the same model file and flags every start, but a
+    new port, as the real one gets; every server it started is kept in ``started``."""
+
+    started: ClassVar[list[FakeOpenAI]] = []
+
+    def __init__(self, n_ctx: int, threads: int | None, log_path: Path) -> None:
+        self.model_path = Path("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        self.flags: dict[str, Any] = {"n_ctx": n_ctx, "n_threads": 1, "seed": 0}
+        self._fake = FakeOpenAI(model=model.EMBEDDED_MODEL_ALIAS)
+
+    @property
+    def base_url(self) -> str:
+        return self._fake.base_url
+
+    def start(self) -> None:
+        self._fake.start()
+        FakeEmbeddedServer.started.append(self._fake)
+
+    def stop(self) -> None:
+        self._fake.stop()
+
+
+def test_train_router_cache_outlives_the_embedded_servers_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run twice on the embedded model with the same seed: the second run, on a server with
+    another port, is answered from the response cache and sends no request."""
+    monkeypatch.setattr(model, "EmbeddedServer", FakeEmbeddedServer)
+    monkeypatch.setattr(FakeEmbeddedServer, "started", [])
+    monkeypatch.setattr(embeddings, "make_embedder", lambda _name="": HashingEmbedder())
+    argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",
+            "--batch", "2", "--budget", "900", "--out", str(tmp_path), "--tokenizer", "approx",
+            "--fresh"]
+    assert cli.main(argv) == 0
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    first, second = FakeEmbeddedServer.started
+    assert first.base_url != second.base_url
+    assert len(first.requests) > 0
+    assert second.requests == []
