@@ -23,8 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("budget", "model", "cache", "embeddings", "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
     ("runner",),
-    ("session", "wiring"),
-    ("plugin", "cli", "collection", "progress"),
+    ("session", "wiring", "train_environment", "regrade"),
+    ("plugin", "cli", "collect", "progress", "failures", "arguments", "train_router"),
 )
 # Subpackages of one layer that must not import one another.
 SIBLINGS = ("tasks", "strategies", "reports")
