@@ -82,6 +82,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _switch_to_wal(db: sqlite3.Connection, attempts: int = 50) -> None:
+    """``journal_mode=WAL`` needs a moment alone with a new file, and SQLite answers
+    "database is locked" at once, without its busy timeout, when xdist workers open the
+    cache together; so wait and try again."""
+    for attempt in range(attempts):
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 class ResponseStore:
     """Replies and in-flight claims in one SQLite file (WAL: readers never block)."""
 
@@ -100,7 +114,7 @@ class ResponseStore:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
         return db
