@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import document_messages
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -59,7 +60,7 @@ def extract_answer(reply: str | None) -> str | None:
 class LongBenchV2Task(Task):
     name = "longbench_v2"
     grader_version = "longbench-v2-official-extract/1"
-    needs_data = True
+    data = DataFile("data.json")
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("data.json",))

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, missing, read_json, records, require
 from pytest_budgetbench.tasks._text import document_messages
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -105,7 +106,7 @@ def domain_dir(task: str, path: Path | None) -> Path:
 class Tau2RetailTask(Task):
     name = "tau2_retail"
     grader_version = "tau2-retail-first-action-proxy/1"
-    needs_data = True
+    data = DataFile("the tau2 retail domain directory")
 
     def load(self) -> list[Item]:
         folder = domain_dir(self.name, self.options.data_path)
