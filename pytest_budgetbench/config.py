@@ -3,9 +3,8 @@
 Every core option is declared once in ``OPTIONS``; tasks and strategies declare their own
 (:mod:`pytest_budgetbench.options`), and this module names none of them. The plugin
 registers each option with its ini twin, and :func:`load_settings` validates them all
-before any cell is collected. A bad value is
-a :class:`ConfigError` (a ``pytest.UsageError`` at the command line) that names the value
-and the expected form.
+before any cell is collected. A bad value is a :class:`ConfigError` (a
+``pytest.UsageError`` at the command line) that names the value and the expected form.
 """
 
 from __future__ import annotations
@@ -159,8 +158,8 @@ class OptionSpec:
     metavar: str | None = None
     section: str = ""
     """Where a declared option's value goes: "data" (``Settings.data_paths``), "task"
-    (``Settings.task_options``) or "strategy" (``Settings.strategy_options``); "" for a
-    core option, a field of Settings."""
+    (``Settings.task_flags``) or "strategy" (``Settings.strategy_flags``); "" for a core
+    option, a field of Settings."""
     key: str = ""
     """The declared option's key (for "data": the task's name)."""
 

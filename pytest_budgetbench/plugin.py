@@ -42,9 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
     """Flags of the ``module:attr`` tasks and strategies the sweep names, which the
     registries cannot list when options are first added (e.g. their data flag)."""
     specs = list(_registered)
