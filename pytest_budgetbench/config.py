@@ -1,30 +1,20 @@
 """One frozen settings object: command line > ini (``budgetbench_*``) > environment > default.
 
-Every option is declared once in ``OPTIONS``; the plugin registers each with its ini twin,
-and :func:`load_settings` validates them all before any cell is collected. A bad value is
-a :class:`ConfigError` (a ``pytest.UsageError`` at the command line) that names the value
-and the expected form.
+Every core option is declared once in ``OPTIONS``; tasks and strategies declare their own
+(:mod:`pytest_budgetbench.options`), and this module names none of them. The plugin
+registers each option with its ini twin, and :func:`load_settings` validates them all
+before any cell is collected. A bad value is a :class:`ConfigError` (a
+``pytest.UsageError`` at the command line) that names the value and the expected form.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_budgetbench.errors import ConfigError
-
-DATA_TASKS: tuple[str, ...] = (
-    "longbench_v2",
-    "longmemeval",
-    "locomo",
-    "hotpotqa",
-    "swe_verified",
-    "needle",
-    "tau2_retail",
-)
-"""Tasks that read a file or directory given by ``--budgetbench-data-<task>``."""
 
 
 def _is_count(text: str) -> bool:
@@ -109,14 +99,6 @@ def _choice(option: str, choices: tuple[str, ...]) -> Callable[[str], str]:
     return parse
 
 
-def _chunk_size(raw: str) -> str:
-    if raw == "adaptive" or (_is_count(raw) and int(raw) > 0):
-        return raw
-    raise ConfigError(
-        f"--budgetbench-rag-chunk must be 'adaptive' or a positive token count (got {raw!r})"
-    )
-
-
 def _reference(raw: str) -> str:
     from pytest_budgetbench.cells import split_reference
 
@@ -188,6 +170,12 @@ class OptionSpec:
     default: Any = None
     env: str | None = None
     metavar: str | None = None
+    section: str = ""
+    """Where a declared option's value goes: "data" (``Settings.data_paths``), "task"
+    (``Settings.task_flags``) or "strategy" (``Settings.strategy_flags``); "" for a core
+    option, a field of Settings."""
+    key: str = ""
+    """The declared option's key (for "data": the task's name)."""
 
     @property
     def flag(self) -> str:
@@ -245,16 +233,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
                _positive_int("--budgetbench-retries"), 3),
     OptionSpec("threads", "CPU threads for the embedded server (default: all cores)",
                _positive_int("--budgetbench-threads"), None),
-    OptionSpec("memory_history", "target history length in tokens for the memory task",
-               _positive_int("--budgetbench-memory-history"), 2500, metavar="TOKENS"),
     OptionSpec("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
                str, None, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),
     OptionSpec("judge_model", "model id of the LLM judge", str, None,
                env="BUDGETBENCH_JUDGE_MODEL"),
     OptionSpec("embedding_model", "sentence-transformers model name or local directory for "
-               "retrieval strategies", str, "all-MiniLM-L6-v2", metavar="NAME_OR_DIR"),
-    OptionSpec("rag_chunk", "chunk size of retrieval strategies: adaptive or a token count",
-               _chunk_size, "adaptive", metavar="adaptive|TOKENS"),
+               "the run's embedder (retrieval strategies)", str, "all-MiniLM-L6-v2",
+               metavar="NAME_OR_DIR"),
     OptionSpec("repeats", "run each cell K times (repeats are averaged per item in reports)",
                _positive_int("--budgetbench-repeats"), 1, metavar="K"),
     OptionSpec("shuffle", "randomise cell order with the seed: on | off",
@@ -291,9 +276,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("concurrency", "model requests in flight at once, across xdist workers; "
                "without xdist, N>1 runs N cells concurrently (default: one per process)",
                _positive_int("--budgetbench-concurrency"), None, metavar="N"),
-    OptionSpec("strategy_options", "options for strategies, KEY=VALUE,KEY=VALUE (each strategy "
-               "documents the keys it reads)", parse_key_values("--budgetbench-strategy-options"),
-               None, metavar="KEY=VALUE,..."),
+    OptionSpec("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
+               "(each key must be one a strategy of the sweep declares)",
+               parse_key_values("--budgetbench-strategy-options"), None,
+               metavar="KEY=VALUE,..."),
+    OptionSpec("task_options", "options for the sweep's tasks, KEY=VALUE,KEY=VALUE (each key "
+               "must be one a task of the sweep declares)",
+               parse_key_values("--budgetbench-task-options"), None,
+               metavar="KEY=VALUE,..."),
     OptionSpec("aux_models", "named auxiliary models for strategies, NAME=URL or "
                "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
                "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
@@ -301,17 +291,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("grader", "a grader variant per task instead of upstream's grader, "
                "TASK:VARIANT,... (the README lists each task's variants)",
                parse_grader_variants, None, metavar="TASK:VARIANT,..."),
-    OptionSpec("locomo_samples", "which LoCoMo conversations the locomo task reads: all, "
-               "first (BudgetMem's router training split), rest, or sample ids", str, "all",
-               env="BUDGETBENCH_LOCOMO_SAMPLES", metavar="all|first|rest|IDS"),
-    OptionSpec("chunk_tokens", "chunk size in tokens when long contexts become messages",
-               _positive_int("--budgetbench-chunk-tokens"), 512, metavar="TOKENS"),
-    *(
-        OptionSpec(f"data_{task}", f"path of the official {task} data", str, None,
-                   env=f"BUDGETBENCH_DATA_{task.upper()}", metavar="PATH")
-        for task in DATA_TASKS
-    ),
 )
+"""The core's options. Tasks and strategies declare their own (``options.Option``); the
+plugin turns those into more OptionSpecs (``section`` set) and passes them to
+:func:`load_settings`."""
 
 
 @dataclass(frozen=True)
@@ -334,9 +317,7 @@ class Settings:
     timeout: float = 300.0
     retries: int = 3
     threads: int | None = None
-    memory_history: int = 2500
     embedding_model: str = "all-MiniLM-L6-v2"
-    rag_chunk: str = "adaptive"
     judge_endpoint: str | None = None
     judge_model: str | None = None
     repeats: int = 1
@@ -348,21 +329,38 @@ class Settings:
     max_regression: float | None = None
     price_in: float | None = None
     price_out: float | None = None
-    chunk_tokens: int = 512
-    locomo_samples: str = "all"
     cache: str | None = None
     cache_path: str | None = None
     resume: str | None = None
     shard: tuple[int, int] | None = None
     concurrency: int | None = None
     strategy_options: dict[str, str] | None = None
+    """--budgetbench-strategy-options as given: each key must be declared by a strategy of
+    the sweep, which parses it."""
+    task_options: dict[str, str] | None = None
+    """--budgetbench-task-options as given, checked the same way against the tasks."""
     aux_models: dict[str, str] | None = None
     grader: dict[str, str] | None = None
     data_paths: dict[str, str] = field(default_factory=dict)
+    task_flags: dict[str, str] = field(default_factory=dict)
+    """Declared task options given by their own flag, ini or env (e.g.
+    --budgetbench-memory-history is ``history_tokens``), by key, as text. Like a core
+    setting, a flag applies to whichever tasks of the sweep declare its key."""
+    strategy_flags: dict[str, str] = field(default_factory=dict)
+    """The same for strategies (e.g. --budgetbench-rag-chunk is ``rag_chunk``)."""
 
     @property
     def active(self) -> bool:
         return bool(self.budgets)
+
+    def raw_task_options(self) -> dict[str, str]:
+        """Every task option given, as text: KEY=VALUE pairs win over an option's own flag."""
+        return {**self.task_flags, **(self.task_options or {})}
+
+    def raw_strategy_options(self) -> dict[str, str]:
+        """Every strategy option given, as text: KEY=VALUE pairs win over an option's own
+        flag (as they did when --budgetbench-rag-chunk was a core setting)."""
+        return {**self.strategy_flags, **(self.strategy_options or {})}
 
     @property
     def cache_mode(self) -> str | None:
@@ -396,23 +394,31 @@ class Settings:
         return recorded
 
 
-def load_settings(get_option: Callable[[str], Any], get_ini: Callable[[str], Any]) -> Settings:
-    """Build Settings from pytest's option and ini lookups, validating every value."""
+def load_settings(
+    get_option: Callable[[str], Any],
+    get_ini: Callable[[str], Any],
+    declared: Sequence[OptionSpec] = (),
+) -> Settings:
+    """Build Settings from pytest's option and ini lookups, validating every value.
+
+    ``declared`` are the flags of options tasks and strategies declare; their values are
+    validated here too, and land in ``data_paths``, ``task_options`` or ``strategy_options``.
+    """
     values: dict[str, Any] = {}
-    data_paths: dict[str, str] = {}
-    for spec in OPTIONS:
+    sections: dict[str, dict[str, str]] = {"data": {}, "task": {}, "strategy": {}}
+    for spec in (*OPTIONS, *declared):
         raw = get_option(spec.dest)
         if raw is None:
             raw = get_ini(spec.ini) or None
         if raw is None and spec.env:
             raw = os.environ.get(spec.env) or None
         value = spec.default if raw is None else spec.parse(str(raw))
-        if spec.dest.startswith("data_"):
-            if value is not None:
-                data_paths[spec.dest[len("data_"):]] = value
-        else:
+        if not spec.section:
             values[spec.dest] = value
-    settings = Settings(**values, data_paths=data_paths)
+        elif raw is not None:
+            sections[spec.section][spec.key] = str(raw).strip()
+    settings = Settings(**values, data_paths=sections["data"], task_flags=sections["task"],
+                        strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):
         raise ConfigError(
             "--budgetbench-baseline and --budgetbench-max-regression go together: "

@@ -8,12 +8,12 @@ one test per task item x strategy x budget and delegates the work to the run obj
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench.config import OPTIONS, Settings, load_settings
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, load_settings
 from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, ConfigError
 from pytest_budgetbench.redact import redact, register_secret, register_url
 
@@ -21,6 +21,8 @@ SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 CELL_KEY = pytest.StashKey["Cell"]()
 COLLECTOR_NAME = "budgetbench"
 LOADGROUP_KEY = "budgetbench_loadgroup"
+DECLARED_KEY = pytest.StashKey[list[OptionSpec]]()
+"""The flags tasks and strategies declare, as registered for this run."""
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
@@ -28,9 +30,46 @@ if TYPE_CHECKING:
     from pytest_budgetbench.session import BudgetBenchSession
 
 
+_registered: list[OptionSpec] = []
+"""The declared flags of the registered tasks and strategies, as the latest
+pytest_addoption found them (each Config calls it first, so it is that Config's)."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from pytest_budgetbench.declared import flag_specs
+
+    _registered[:] = flag_specs()
+    _add_options(parser, (*OPTIONS, *_registered))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
+    """Flags of the ``module:attr`` tasks and strategies the sweep names, which the
+    registries cannot list when options are first added (e.g. their data flag)."""
+    specs = list(_registered)
+    tasks, strategies = _named(early_config, "tasks"), _named(early_config, "strategies")
+    if any(":" in name for name in (*tasks, *strategies)):
+        from pytest_budgetbench.declared import flag_specs
+
+        specs += flag_specs(tasks, strategies, registered=False, known=specs)
+        _add_options(parser, specs)
+    early_config.stash[DECLARED_KEY] = specs
+
+
+def _named(config: pytest.Config, dest: str) -> list[str]:
+    """The raw names --budgetbench-<dest> or its ini twin gives, before settings exist."""
+    raw = getattr(config.known_args_namespace, f"budgetbench_{dest}", None)
+    if raw is None:
+        raw = config.getini(f"budgetbench_{dest}") or ""
+    return [part.strip() for part in str(raw).split(",") if part.strip()]
+
+
+def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
     group = parser.getgroup("budgetbench", "memory strategies under a token budget")
-    for spec in OPTIONS:
+    added = {option.dest for option in group.options}
+    for spec in specs:
+        if f"budgetbench_{spec.dest}" in added:
+            continue
         default = f" (default: {spec.default})" if spec.default not in (None, ()) else ""
         env = f" [env {spec.env}]" if spec.env else ""
         group.addoption(
@@ -45,9 +84,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _settings(config: pytest.Config) -> Settings:
     try:
+        declared = config.stash.get(DECLARED_KEY, None)
+        if declared is None:
+            from pytest_budgetbench.declared import flag_specs
+
+            declared = flag_specs()
         settings = load_settings(
-            lambda dest: config.getoption(f"budgetbench_{dest}"),
+            lambda dest: config.getoption(f"budgetbench_{dest}", None),
             lambda ini: config.getini(ini),
+            declared,
         )
         _register_secrets(settings)
         if settings.active:
@@ -65,12 +110,14 @@ def _register_secrets(settings: Settings) -> None:
 
 
 def _check_names(settings: Settings) -> None:
+    from pytest_budgetbench.declared import check_options
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
     from pytest_budgetbench.tasks import REGISTRY as TASKS
 
-    names = {spec: STRATEGIES.resolve(spec).name or spec for spec in settings.strategies}
-    for name in settings.tasks:
-        TASKS.resolve(name)
+    strategies = {spec: STRATEGIES.resolve(spec) for spec in settings.strategies}
+    names = {spec: cls.name or spec for spec, cls in strategies.items()}
+    tasks = [TASKS.resolve(name) for name in settings.tasks]
+    check_options(settings, tasks, strategies.values())
     if settings.reference:
         from pytest_budgetbench.cells import split_reference
 

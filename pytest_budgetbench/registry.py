@@ -9,6 +9,7 @@ factory ``module:attr`` registered for the prefix returns for the suffix.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, cast
 
@@ -41,6 +42,23 @@ class Registry(Generic[T]):
         for ep in entry_points(group=self.group):
             names.setdefault(ep.name, ep.value)
         return names
+
+    def classes(self, named: Iterable[str] = (), *, registered: bool = True) -> list[type[T]]:
+        """The classes of every built-in and entry point (unless not ``registered``), then
+        of the ``module:attr`` names among ``named``, each once. One that fails to import
+        is left out: a broken third-party class must not break a pytest run that does not
+        select it (selecting it reports the error)."""
+        listed = list(self.available().values()) if registered else []
+        targets = [*listed, *(name for name in named if ":" in name)]
+        found: list[type[T]] = []
+        for target in targets:
+            try:
+                cls = self._check(target, self._import(target))
+            except ConfigError:
+                continue
+            if cls not in found:
+                found.append(cls)
+        return found
 
     def resolve(self, spec: str) -> type[T]:
         known = self.available()

@@ -21,6 +21,7 @@ from pytest_budgetbench.budget import (
 )
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
+from pytest_budgetbench.declared import strategy_values, task_values
 from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
 from pytest_budgetbench.messages import Message, check_messages
 from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
@@ -28,6 +29,7 @@ from pytest_budgetbench.records import CellRow, RunStore
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
+from pytest_budgetbench.tasks.base import CHUNK_TOKENS
 
 Timer = Callable[[Callable[[], Completion]], Completion]
 
@@ -270,9 +272,8 @@ class Runner:
             aux=aux,
             aux_models={name: aux.sibling(chat, name) for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
-            options={"rag_chunk": settings.rag_chunk,
-                     "embedding_model": settings.embedding_model,
-                     **(settings.strategy_options or {})},
+            options={"embedding_model": settings.embedding_model,
+                     **strategy_values(type(self.strategy(cell.strategy)), settings)},
         )
 
     def _apply(
@@ -347,6 +348,7 @@ class Runner:
 def make_task(name: str, settings: Settings) -> Task:
     cls = TASKS.resolve(name)
     data = settings.data_paths.get(cls.name or name)
+    values = task_values(cls, settings)
     judge = None
     if settings.judge_endpoint:
         judge = ChatModel(settings.judge_endpoint, settings.judge_model or "",
@@ -357,9 +359,7 @@ def make_task(name: str, settings: Settings) -> Task:
         judge=judge,
         items=settings.items,
         data_path=Path(data) if data else None,
-        chunk_tokens=settings.chunk_tokens,
-        extra={"history_tokens": settings.memory_history,
-               "locomo_samples": settings.locomo_samples,
-               "grader_variants": settings.grader or {}},
+        chunk_tokens=int(values.get(CHUNK_TOKENS.key, CHUNK_TOKENS.default)),
+        extra={**values, "grader_variants": settings.grader or {}},
     )
     return cls(options)

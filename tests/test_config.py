@@ -9,21 +9,25 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.config import OPTIONS, Settings, load_settings, parse_budgets
+from pytest_budgetbench.declared import flag_specs
 from pytest_budgetbench.errors import ConfigError
+
+DECLARED = flag_specs()
+ALL = (*OPTIONS, *DECLARED)
 
 SECRET = "sk-secret-123"
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for spec in OPTIONS:
+    for spec in ALL:
         if spec.env:
             monkeypatch.delenv(spec.env, raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
 def _default(dest: str) -> Any:
-    return next(spec.default for spec in OPTIONS if spec.dest == dest)
+    return next(spec.default for spec in ALL if spec.dest == dest)
 
 
 def lookups(
@@ -36,7 +40,7 @@ def lookups(
 
 
 def load(cli: dict[str, Any] | None = None, ini: dict[str, str] | None = None) -> Settings:
-    return load_settings(*lookups(cli, ini))
+    return load_settings(*lookups(cli, ini), DECLARED)
 
 
 def test_defaults() -> None:
@@ -72,6 +76,21 @@ def test_data_paths_come_from_env_and_options(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("BUDGETBENCH_DATA_HOTPOTQA", "/data/hotpot.json")
     settings = load(cli={"data_needle": "/data/needle"})
     assert settings.data_paths == {"hotpotqa": "/data/hotpot.json", "needle": "/data/needle"}
+
+
+def test_declared_flags_land_by_key_and_key_value_pairs_win() -> None:
+    settings = load(cli={"memory_history": "600", "rag_chunk": "64", "locomo_samples": "rest",
+                         "strategy_options": "rag_chunk=32"})
+    assert settings.task_flags == {"history_tokens": "600", "locomo_samples": "rest"}
+    assert settings.strategy_flags == {"rag_chunk": "64"}
+    assert settings.raw_strategy_options() == {"rag_chunk": "32"}
+    assert settings.raw_task_options()["history_tokens"] == "600"
+
+
+def test_declared_flag_reads_its_ini_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUDGETBENCH_LOCOMO_SAMPLES", "first")
+    assert load().task_flags == {"locomo_samples": "first"}
+    assert load(ini={"budgetbench_chunk_tokens": "64"}).task_flags["chunk_tokens"] == "64"
 
 
 @pytest.mark.parametrize(
@@ -114,6 +133,8 @@ def test_name_lists_are_split_and_stripped() -> None:
         ("max_violation_rate", "lots"),
         ("temperature", "-1"),
         ("rag_chunk", "0"),
+        ("memory_history", "0"),
+        ("chunk_tokens", "many"),
         ("reference", "@8192"),
         ("reference", "@8192"),
     ],
@@ -123,7 +144,7 @@ def test_bad_values_raise_config_error_naming_the_value(dest: str, raw: str) -> 
         load(cli={dest: raw})
     message = str(info.value)
     assert repr(raw) in message or f"={raw} " in message
-    spec = next(s for s in OPTIONS if s.dest == dest)
+    spec = next(s for s in ALL if s.dest == dest)
     assert spec.flag in message  # and the option it belongs to
 
 

@@ -11,11 +11,14 @@ from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import rows_of, sweep_args
 
 ASKING_STRATEGY = """
+from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies import Strategy
 
 
 class AskSmall(Strategy):
     name = "ask_small"
+    declared_options = (Option("tier", "a tier", str.upper, "MID"),
+                        Option("k", "a count", positive_int, 1))
 
     def apply(self, messages, budget):
         small = self.context.aux_models.get("small", self.context.aux)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.config import DATA_TASKS
+from pytest_budgetbench.declared import flag_specs
 from pytest_budgetbench.messages import check_messages
 from pytest_budgetbench.tasks import REGISTRY, Item, Task, TaskOptions
 from pytest_budgetbench.tasks import _fixtures as fx
@@ -33,9 +33,11 @@ def test_selectable_by_name(name: str) -> None:
     assert issubclass(cls, Task)
     assert cls.name == name
     assert cls.grader_version and "/" in cls.grader_version
-    assert cls.needs_data == (name in DATA_TASKS and name != "needle")
-    if cls.needs_data:
-        assert name in DATA_TASKS, "its --budgetbench-data-<task> option must exist"
+    # One source of truth: the task's data declaration makes its flag, or no flag exists.
+    assert (cls.data is not None) == (name != "image_probe")
+    assert (cls.data is not None and cls.data.required) == (name not in ("needle", "image_probe"))
+    flags = {flag for spec in flag_specs() for flag in spec.flags}
+    assert (f"--budgetbench-data-{name}" in flags) == (cls.data is not None)
 
 
 def _load(name: str, tmp_path: Path) -> tuple[Task, list[Item]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.options import Option
 
 # Adaptive retrieval: chunks of BASE tokens are embedded once per item; the unit packed at
 # a budget is room // SLOTS rounded down to a power of two within [MIN, MAX], made of
@@ -52,6 +53,18 @@ class Chunking:
     chunks: list[Piece]
     units: list[Piece]
     members: list[list[int]]
+
+
+def _chunk_option(raw: str) -> str:
+    if raw == "adaptive" or (raw.isascii() and raw.isdigit() and int(raw) > 0):
+        return raw
+    raise ValueError("must be 'adaptive' or a positive token count")
+
+
+RAG_CHUNK = Option(
+    "rag_chunk", "chunk size of retrieval strategies: adaptive or a token count",
+    _chunk_option, "adaptive", flag="rag-chunk", metavar="adaptive|TOKENS")
+"""Declared by every strategy that cuts the history with :func:`chunk_for_retrieval`."""
 
 
 def _fixed_size(option: object) -> int | None:

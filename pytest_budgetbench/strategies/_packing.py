@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies._chunking import (
+    RAG_CHUNK,
     Chunking,
     Piece,
     chunk_for_retrieval,
@@ -290,6 +291,8 @@ def query_text(query: Sequence[Message]) -> str:
 class ChunkRanking(HistoryStrategy):
     """The flow of rag and lean_retrieval: cut the history for retrieval
     (``options["rag_chunk"]``), rank the units, pack the best."""
+
+    declared_options = (RAG_CHUNK,)
 
     def fit(self, head: list[Message], history: list[Message], query: list[Message],
             room: int, budget: int) -> list[Message]:

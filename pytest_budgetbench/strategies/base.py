@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import Option
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
@@ -67,10 +68,10 @@ class StrategyContext:
     aux_models: dict[str, AuxiliaryModel] = field(default_factory=dict)
     """Further auxiliary models by name (``--budgetbench-aux-models``, e.g. small, medium,
     large); each is budgeted and recorded like ``aux``."""
-    embedder_factory: object = None
+    embedder_factory: Callable[[], Embedder] | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    """Strategy options from the command line: ``rag_chunk`` ("adaptive" or tokens),
-    ``embedding_model``, and every KEY=VALUE of ``--budgetbench-strategy-options``."""
+    """The values of the options the strategy declares (``Strategy.declared_options``), parsed, at
+    their defaults where not given, plus ``embedding_model`` (the run's embedder)."""
     info: dict[str, Any] = field(default_factory=dict)
     """What the strategy wants on the cell's row (JSON-serialisable), as ``strategy_info``:
     e.g. the tiers it chose and its modules' compute seconds."""
@@ -95,6 +96,10 @@ class Strategy(ABC):
     reference: ClassVar[bool] = False
     """A reference strategy (like full_context) is exempt from the budget: its cells over
     budget are xfailed, and its violations are still recorded."""
+    declared_options: ClassVar[tuple[Option, ...]] = ()
+    """What the strategy reads from ``context.options``, given as
+    ``--budgetbench-strategy-options=KEY=VALUE`` (or an option's own flag); a key no
+    strategy of the sweep declares, or a bad value, is a usage error before collection."""
 
     context: StrategyContext
 

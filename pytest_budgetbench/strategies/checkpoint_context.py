@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.strategies._chunking import Piece, sentence_history
+from pytest_budgetbench.strategies._chunking import RAG_CHUNK, Piece, sentence_history
 from pytest_budgetbench.strategies._packing import (
     HistoryStrategy,
     Packer,
@@ -53,6 +53,7 @@ class CheckpointContext(HistoryStrategy):
 
     name = "checkpoint_context"
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
+    declared_options = (RAG_CHUNK,)
 
     def fit(self, head: list[Message], history: list[Message], query: list[Message],
             room: int, budget: int) -> list[Message]:

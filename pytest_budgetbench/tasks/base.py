@@ -10,10 +10,24 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile, Option, positive_int
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.model import ChatModel
+
+CHUNK_TOKENS = Option(
+    "chunk_tokens", "chunk size in tokens when long contexts become messages", positive_int,
+    512, flag="chunk-tokens", metavar="TOKENS")
+"""Every task has it (``TaskOptions.chunk_tokens``)."""
+
+HISTORY_TOKENS = Option(
+    "history_tokens", "target history length in tokens of generated tasks (memory, needle)",
+    positive_int, 2500, flag="memory-history", metavar="TOKENS")
+"""Shared by the generated tasks: one flag, --budgetbench-memory-history, sets both."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +59,11 @@ class TaskOptions:
     items: int | None = None
     data_path: Path | None = None
     chunk_tokens: int = 512
-    judge: Any = None
-    """A ChatModel for LLM-judged tasks (``--budgetbench-judge-endpoint``), or None."""
+    judge: ChatModel | None = None
+    """The LLM judge of LLM-judged tasks (``--budgetbench-judge-endpoint``), or None."""
     extra: dict[str, Any] = field(default_factory=dict)
+    """Values of the options the task declares (``Task.declared_options``), by key, parsed; a key
+    left out reads as its declared default (:meth:`Task.option`)."""
 
 
 class Task(ABC):
@@ -56,8 +72,12 @@ class Task(ABC):
     name: ClassVar[str] = ""
     grader_version: ClassVar[str] = ""
     """Recorded in every row, e.g. ``memory-contains/1``: bump it when grading changes."""
-    needs_data: ClassVar[bool] = False
-    """True when the task reads an official file (``--budgetbench-data-<task>=PATH``)."""
+    data: ClassVar[DataFile | None] = None
+    """The official file the task reads (``--budgetbench-data-<task>=PATH``), or None; the
+    plugin builds the flag, its ini twin and ``BUDGETBENCH_DATA_<TASK>`` from it."""
+    declared_options: ClassVar[tuple[Option, ...]] = (CHUNK_TOKENS,)
+    """What the task reads besides its data, as ``--budgetbench-task-options=KEY=VALUE``
+    (or an option's own flag). Extend, don't replace: ``(*Task.declared_options, Option(...))``."""
     grader_variants: ClassVar[dict[str, str]] = {}
     """Named graders that depart from upstream's, name -> what changes; off by default.
 
@@ -84,6 +104,15 @@ class Task(ABC):
         if self.grader_variant is None:
             return self.grader_version
         return f"{self.grader_version}+{self.grader_variant}"
+
+    def option(self, key: str) -> Any:
+        """The value of a declared option: as given, or its default."""
+        if key in self.options.extra:
+            return self.options.extra[key]
+        for option in type(self).declared_options:
+            if option.key == key:
+                return option.default
+        raise KeyError(f"task '{self.name}' declares no option '{key}'")
 
     @abstractmethod
     def load(self) -> list[Item]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import (
     document_messages,
@@ -62,11 +63,11 @@ def f1_score(prediction: str, gold: str) -> tuple[float, float, float]:
 class HotpotQATask(Task):
     name = "hotpotqa"
     grader_version = "hotpotqa-official-f1/2"
-    needs_data = True
     grader_variants: ClassVar[dict[str, str]] = {
         "first-line": "score the reply's first non-empty line, without markdown and an "
                       "'Answer:' label; a hedge is scored whole",
     }
+    data = DataFile(OFFICIAL_FILES[0])
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, OFFICIAL_FILES)

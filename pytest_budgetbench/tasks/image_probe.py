@@ -147,7 +147,6 @@ def mentioned(reply: str, attribute: str) -> set[str]:
 class ImageProbeTask(Task):
     name = "image_probe"
     grader_version = "image-probe-word/1"
-    needs_data = False
 
     def load(self) -> list[Item]:
         count = self.options.items or DEFAULT_ITEMS

@@ -11,10 +11,11 @@ final user message is upstream's short-answer QA prompt; temporal questions ask 
 approximate date from the session dates, and adversarial questions offer upstream's two
 options ("Not mentioned in the conversation" and the adversarial answer) in a seeded order.
 
-Split (``--budgetbench-locomo-samples``, env ``BUDGETBENCH_LOCOMO_SAMPLES``, passed as
-``TaskOptions.extra["locomo_samples"]``): ``first`` (the first conversation: BudgetMem's router
-training split), ``rest`` (every other one: its evaluation split), ``all`` (the default),
-or comma-separated sample ids. Items are numbered as in the whole file either way.
+Split (the declared option ``locomo_samples``: ``--budgetbench-locomo-samples``, env
+``BUDGETBENCH_LOCOMO_SAMPLES``, or ``--budgetbench-task-options=locomo_samples=...``):
+``first`` (the first conversation: BudgetMem's router training split), ``rest`` (every
+other one: its evaluation split), ``all`` (the default), or comma-separated sample ids.
+Items are numbered as in the whole file either way.
 
 Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
 (3), ``single-hop`` (4), ``adversarial`` (5).
@@ -45,6 +46,7 @@ from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile, Option
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import (
     document_messages,
@@ -114,14 +116,21 @@ def score(category: int, prediction: str, gold: str) -> float:
     return f1_score(prediction, gold)
 
 
+SAMPLES = Option(
+    "locomo_samples", "which LoCoMo conversations the locomo task reads: all, first "
+    "(BudgetMem's router training split), rest, or sample ids", str, "all",
+    flag="locomo-samples", env="BUDGETBENCH_LOCOMO_SAMPLES", metavar="all|first|rest|IDS")
+
+
 class LoCoMoTask(Task):
     name = "locomo"
     grader_version = "locomo-official-f1/2"
-    needs_data = True
     grader_variants: ClassVar[dict[str, str]] = {
         "first-line": "score the reply's first non-empty line, without markdown and an "
                       "'Answer:' label; a hedge is scored whole",
     }
+    data = DataFile("locomo10.json")
+    declared_options = (*Task.declared_options, SAMPLES)
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("locomo10.json",))
@@ -141,7 +150,7 @@ class LoCoMoTask(Task):
 
     def _split(self, path: Path, samples: list[Any]) -> set[int]:
         """Indices of the samples the split selects (see the module docstring)."""
-        split = str(self.options.extra.get("locomo_samples") or "all").strip()
+        split = str(self.option("locomo_samples") or "all").strip()
         if split == "all":
             return set(range(len(samples)))
         if split == "first":

@@ -28,6 +28,7 @@ import re
 from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import document_messages
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -75,11 +76,11 @@ def extract_answer_guarded(reply: str | None) -> str | None:
 class LongBenchV2Task(Task):
     name = "longbench_v2"
     grader_version = "longbench-v2-official-extract/2"
-    needs_data = True
     grader_variants: ClassVar[dict[str, str]] = {
         "word-guard": "no answer when the letter begins a word ('The correct answer is "
                       "Because') or the reply states different letters",
     }
+    data = DataFile("data.json")
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("data.json",))

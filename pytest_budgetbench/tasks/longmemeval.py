@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import (
     cell_suffix,
     malformed,
@@ -57,6 +58,9 @@ from pytest_budgetbench.tasks._text import (
     says_unanswerable,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.model import ChatModel
 
 OFFICIAL_FILES = ("longmemeval_oracle.json", "longmemeval_s.json", "longmemeval_m.json")
 FIELDS = ("question_id", "question_type", "question", "answer", "question_date",
@@ -103,7 +107,7 @@ def category_of(record: dict[str, Any]) -> str:
 class LongMemEvalTask(Task):
     name = "longmemeval"
     grader_version = "longmemeval-contains-diagnostic/1"
-    needs_data = True
+    data = DataFile(OFFICIAL_FILES[0])
 
     # -- loading --------------------------------------------------------------------------
     def load(self) -> list[Item]:
@@ -159,15 +163,14 @@ class LongMemEvalTask(Task):
     # -- grading --------------------------------------------------------------------------
     def grade(self, item: Item, prediction: str) -> Grade:
         if self.options.judge is not None:
-            return self._judge(item, prediction or "")
+            return self._judge(self.options.judge, item, prediction or "")
         reply = (prediction or "").strip()
         if not reply:
             return Grade(0.0, "", self.grader_version, {"mode": "empty"})
         quality, mode = diagnostic_score(item.category, item.answer, reply)
         return Grade(quality, reply, self.grader_version, {"mode": mode})
 
-    def _judge(self, item: Item, reply: str) -> Grade:
-        judge = self.options.judge
+    def _judge(self, judge: ChatModel, item: Item, reply: str) -> Grade:
         model = str(getattr(judge, "model", type(judge).__name__))
         grader = f"{JUDGE_GRADER};judge={model}"
         detail: dict[str, Any] = {"judge_model": model,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.tasks.base import Grade, Item, Task
+from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
 
 CATEGORIES = (
     "single-session-fact",
@@ -116,6 +116,7 @@ def contains_words(haystack: str, needle: str) -> bool:
 class MemoryTask(Task):
     name = "memory"
     grader_version = "memory-contains/1"
+    declared_options = (*Task.declared_options, HISTORY_TOKENS)
 
     def load(self) -> list[Item]:
         count = self.options.items or 50
@@ -124,7 +125,7 @@ class MemoryTask(Task):
     def _make_item(self, index: int) -> Item:
         rng = random.Random(f"memory/{self.options.seed}/{index}")
         category = CATEGORIES[index % len(CATEGORIES)]
-        target_chars = 4 * int(self.options.extra.get("history_tokens", 4000))
+        target_chars = 4 * int(self.option("history_tokens"))
         start = dt.date(2024, 1, 8) + dt.timedelta(days=rng.randrange(0, 300))
         sessions = self._filler_sessions(rng, start, target_chars)
         answer, question, meta = self._plant(rng, category, sessions)

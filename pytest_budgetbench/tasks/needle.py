@@ -7,8 +7,8 @@ directory, filler sentences this module generates itself. Each item hides ``k`` 
 RULER's multi-value form, "One of the special magic numbers for <key> is: <7 digits>.",
 at a given depth of the haystack, then asks for all the numbers for that key.
 
-The haystack is about ``TaskOptions.extra["history_tokens"]`` tokens (default 4000, the
-``--budgetbench-memory-history`` option), split into user messages of about
+The haystack is about ``history_tokens`` tokens (the declared option shared with ``memory``:
+``--budgetbench-memory-history``, default 2500), split into user messages of about
 ``chunk_tokens`` tokens; the needles sit between sentences.
 
 Category: ``depth-<d>/needles-<k>`` for depth d in 0, 25, 50, 75, 100 (percent of the
@@ -24,9 +24,10 @@ import random
 import re
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import missing
 from pytest_budgetbench.tasks._text import CHARS_PER_TOKEN, document_messages
-from pytest_budgetbench.tasks.base import Grade, Item, Task
+from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
 
 DEPTHS = (0, 25, 50, 75, 100)
 NEEDLE_COUNTS = (1, 2, 4)
@@ -84,7 +85,8 @@ def string_match_all(prediction: str, golds: list[str]) -> float:
 class NeedleTask(Task):
     name = "needle"
     grader_version = "ruler-string-match-all/1"
-    needs_data = False
+    data = DataFile("a directory of .txt haystack files", required=False)
+    declared_options = (*Task.declared_options, HISTORY_TOKENS)
 
     def load(self) -> list[Item]:
         sentences = self._haystack_sentences()
@@ -110,7 +112,7 @@ class NeedleTask(Task):
         return sentences
 
     def _target_chars(self) -> int:
-        tokens = int(self.options.extra.get("history_tokens", 4000))
+        tokens = int(self.option("history_tokens"))
         return max(1, tokens) * CHARS_PER_TOKEN
 
     def _take(self, rng: random.Random, sentences: list[str] | None) -> list[str]:

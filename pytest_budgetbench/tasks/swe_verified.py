@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import cell_suffix, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import document_messages, token_f1
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -162,7 +163,7 @@ def _flatten(files: dict[str, FileChange], paths: list[str]) -> list[str]:
 class SWEVerifiedTask(Task):
     name = "swe_verified"
     grader_version = "swe-verified-patch-proxy/2"
-    needs_data = True
+    data = DataFile(OFFICIAL_FILES[0])
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, OFFICIAL_FILES)

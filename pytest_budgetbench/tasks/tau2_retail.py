@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, missing, read_json, records, require
 from pytest_budgetbench.tasks._text import document_messages
 from pytest_budgetbench.tasks.base import Grade, Item, Task
@@ -113,10 +114,10 @@ def domain_dir(task: str, path: Path | None) -> Path:
 class Tau2RetailTask(Task):
     name = "tau2_retail"
     grader_version = "tau2-retail-first-action-proxy/2"
-    needs_data = True
     grader_variants: ClassVar[dict[str, str]] = {
         "all-args": "tau2's comparison, and a missing expected argument fails too",
     }
+    data = DataFile("the tau2 retail domain directory")
 
     def load(self) -> list[Item]:
         folder = domain_dir(self.name, self.options.data_path)

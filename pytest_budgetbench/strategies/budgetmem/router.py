@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, MissingDependency
+from pytest_budgetbench.options import Option, text
 from pytest_budgetbench.strategies.budgetmem.modules import notes_text
 from pytest_budgetbench.strategies.budgetmem.pipeline import (
     Services,
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 ROUTER_DIR_OPTION = "budgetmem_router_dir"
 DEFAULT_ROUTER_DIR = "budgetmem-routers"
+ROUTER_DIR = Option(ROUTER_DIR_OPTION, "directory of budgetmem@<lambda>'s trained "
+                    "checkpoints (relative to the working directory)", text,
+                    DEFAULT_ROUTER_DIR, metavar="DIR")
 PREFIX = "budgetmem@"
 
 Features = tuple[tuple[float, ...], tuple[float, ...], int]
@@ -108,6 +112,7 @@ class BudgetMemRouter(BudgetMem):
     """Tiers by argmax of a trained policy; one subclass per lambda (``budgetmem@0.1``)."""
 
     lam: ClassVar[str] = ""
+    declared_options = (*BudgetMem.declared_options, ROUTER_DIR)
 
     def choose(self, module: str, state: State, services: Services) -> Tier:
         directory = self.context.options.get(ROUTER_DIR_OPTION) or DEFAULT_ROUTER_DIR

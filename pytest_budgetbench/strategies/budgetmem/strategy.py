@@ -17,12 +17,15 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from pytest_budgetbench.messages import Message, split_ends
+from pytest_budgetbench.options import Option
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies._packing import query_text
 from pytest_budgetbench.strategies.base import Regime, Strategy
 from pytest_budgetbench.strategies.budgetmem.modules import run_pipeline
 from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome, Services, State
 from pytest_budgetbench.strategies.budgetmem.tiers import (
+    AXIS,
+    TOP_K,
     Tier,
     axis_option,
     top_k_option,
@@ -40,6 +43,7 @@ class BudgetMem(Strategy):
     """The pipeline with a per-module tier chooser; subclasses choose."""
 
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.RESET_PER_ITEM})
+    declared_options: ClassVar[tuple[Option, ...]] = (AXIS, TOP_K)
     outcome: Outcome | None = None
 
     @abstractmethod

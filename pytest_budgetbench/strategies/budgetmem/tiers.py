@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.options import Option, choice, positive_int
 
 
 class Tier(enum.IntEnum):
@@ -37,6 +38,11 @@ CAPACITY_MODELS: dict[Tier, str] = {Tier.LOW: "small", Tier.MID: "medium", Tier.
 AXIS_OPTION = "budgetmem_axis"
 TOP_K_OPTION = "budgetmem_top_k"
 DEFAULT_TOP_K = 8
+
+AXIS = Option(AXIS_OPTION, "BudgetMem's tier axis", choice(*AXES), "implementation",
+              metavar="|".join(AXES))
+TOP_K = Option(TOP_K_OPTION, "256-token chunks the BudgetMem pipeline retrieves",
+               positive_int, DEFAULT_TOP_K)
 
 
 def axis_option(options: Mapping[str, Any]) -> str:

@@ -1,0 +1,95 @@
+"""The options tasks and strategies declare, gathered from their registries.
+
+The core names no task: this module reads each registered class's ``data`` and
+``options`` (:mod:`pytest_budgetbench.options`) and turns them into
+
+- flags with ini twins, as :class:`~pytest_budgetbench.config.OptionSpec`: one
+  ``--budgetbench-data-<task>`` per task with a data file, and one flag per option that
+  names a ``flag`` (one flag for a key several classes declare);
+- the check, before collection, of ``--budgetbench-task-options`` and
+  ``--budgetbench-strategy-options`` against the sweep's tasks and strategies;
+- the parsed values a task or strategy receives.
+
+Reading the declarations imports the task and strategy modules, which import nothing
+heavy at module level (models, torch and embedders load on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings
+from pytest_budgetbench.options import Option, check_keys, declared, owner_name, resolve_values
+from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
+from pytest_budgetbench.strategies import Strategy
+from pytest_budgetbench.tasks import REGISTRY as TASKS
+from pytest_budgetbench.tasks import Task
+
+TASK_OPTIONS_FLAG = "--budgetbench-task-options"
+STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
+
+
+def flag_specs(
+    tasks: Iterable[str] = (),
+    strategies: Iterable[str] = (),
+    *,
+    registered: bool = True,
+    known: Iterable[OptionSpec] = (),
+) -> list[OptionSpec]:
+    """The declared flags of the registered tasks and strategies (unless not
+    ``registered``) and of the ``module:attr`` ones among ``tasks`` and ``strategies``, in
+    registry order; none whose dest is among ``known`` or the core's."""
+    specs: dict[str, OptionSpec] = {spec.dest: spec for spec in (*OPTIONS, *known)}
+    taken = set(specs)
+    for task in TASKS.classes(tasks, registered=registered):
+        if task.data is not None:
+            name = owner_name(task)
+            specs.setdefault(f"data_{name}", OptionSpec(
+                f"data_{name}", f"path of the official {name} data ({task.data.what})", str,
+                env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
+                key=name))
+        _add_flags(specs, task, "task")
+    for strategy in STRATEGIES.classes(strategies, registered=registered):
+        _add_flags(specs, strategy, "strategy")
+    return [spec for dest, spec in specs.items() if dest not in taken]
+
+
+def _add_flags(specs: dict[str, OptionSpec], cls: type[Any], section: str) -> None:
+    for option in declared(cls):
+        if option.flag is None:
+            continue
+        dest = option.flag.replace("-", "_")
+        # The first declaration of a flag wins; a clash with a core option is dropped.
+        specs.setdefault(dest, OptionSpec(
+            dest, f"{option.help} ({section} option {option.key})", _validator(option),
+            option.default, env=option.env, metavar=option.metavar, section=section,
+            key=option.key))
+
+
+def _validator(option: Option) -> Any:
+    flag = "--budgetbench-" + option.flag.replace("_", "-") if option.flag else option.key
+
+    def validate(raw: str) -> str:
+        option.read(raw, flag)
+        return raw.strip()
+
+    return validate
+
+
+def check_options(
+    settings: Settings, tasks: Iterable[type[Task]], strategies: Iterable[type[Strategy]]
+) -> None:
+    """KEY=VALUE task and strategy options: each key declared by the sweep, each value
+    valid for every class that declares it; else a ConfigError naming both."""
+    check_keys("task", TASK_OPTIONS_FLAG, settings.task_options or {}, tasks)
+    check_keys("strategy", STRATEGY_OPTIONS_FLAG, settings.strategy_options or {}, strategies)
+
+
+def task_values(cls: type[Task], settings: Settings) -> dict[str, Any]:
+    """The parsed values of the options ``cls`` declares."""
+    return resolve_values(cls, settings.raw_task_options(), TASK_OPTIONS_FLAG)
+
+
+def strategy_values(cls: type[Strategy], settings: Settings) -> dict[str, Any]:
+    return resolve_values(cls, settings.raw_strategy_options(), STRATEGY_OPTIONS_FLAG)
