@@ -9,6 +9,7 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,19 @@ def _non_negative_float(option: str) -> Callable[[str], float]:
             value = -1.0
         if not value >= 0:  # also rejects nan
             raise ConfigError(f"{option} must be a number >= 0 (got {raw!r})")
+        return value
+
+    return parse
+
+
+def _positive_float(option: str) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = 0.0
+        if not 0 < value < math.inf:  # also rejects nan
+            raise ConfigError(f"{option} must be a number of seconds > 0, e.g. 30 (got {raw!r})")
         return value
 
     return parse
@@ -228,7 +242,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "violation rate exceeds R", _rate("--budgetbench-max-violation-rate"), None,
                metavar="R"),
     OptionSpec("timeout", "seconds per model request",
-               _non_negative_float("--budgetbench-timeout"), 300.0),
+               _positive_float("--budgetbench-timeout"), 300.0),
+    OptionSpec("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
+               "cell, its auxiliary calls included; a strategy over it errors that cell and "
+               "the sweep goes on", _positive_float("--budgetbench-strategy-timeout"), 600.0,
+               metavar="SECONDS"),
     OptionSpec("retries", "attempts per model request before the cell errors",
                _positive_int("--budgetbench-retries"), 3),
     OptionSpec("threads", "CPU threads for the embedded server (default: all cores)",
@@ -315,6 +333,7 @@ class Settings:
     audit: str = "full"
     max_violation_rate: float | None = None
     timeout: float = 300.0
+    strategy_timeout: float = 600.0
     retries: int = 3
     threads: int | None = None
     embedding_model: str = "all-MiniLM-L6-v2"

@@ -5,6 +5,7 @@
     ├── DataError              a missing or malformed dataset file or record
     ├── MissingDependency      an optional extra is not installed
     ├── StrategyError          a strategy raised, or returned something that is not messages
+    │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
     ├── RecordError            a row could not be written whole (disk full, short write)
     └── EndpointError          the model endpoint failed: never an answer to grade
@@ -43,6 +44,11 @@ class MissingDependency(BudgetBenchError):
 
 class StrategyError(BudgetBenchError):
     """A strategy raised, or returned something that is not a list of chat messages."""
+
+
+class StrategyAborted(StrategyError):
+    """A strategy raised SystemExit or KeyboardInterrupt: its cell is recorded as an error
+    and the run stops cleanly (the plugin turns this into ``pytest.exit``)."""
 
 
 class TokenizerError(BudgetBenchError):

@@ -22,7 +22,14 @@ from pytest_budgetbench.budget import (
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values, task_values
-from pytest_budgetbench.errors import BudgetExceeded, EndpointError, StrategyError
+from pytest_budgetbench.errors import (
+    BudgetBenchError,
+    BudgetExceeded,
+    EndpointError,
+    RecordError,
+    StrategyAborted,
+    StrategyError,
+)
 from pytest_budgetbench.messages import Message, check_messages
 from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
 from pytest_budgetbench.records import CellRow, RunStore
@@ -198,6 +205,23 @@ class Runner:
             strategies[name] = load_strategy(name)
         return strategies[name]
 
+    def _forget_strategy(self, name: str) -> None:
+        """Drop a strategy instance whose apply() is still running in a timed-out thread:
+        the next cell builds a fresh one."""
+        self._local.__dict__.setdefault("strategies", {}).pop(name, None)
+
+    def _load(self, cell: Cell) -> Strategy:
+        """The cell's strategy; a constructor that raises is that cell's StrategyError."""
+        try:
+            return self.strategy(cell.strategy)
+        except BudgetBenchError:
+            raise
+        except Exception as exc:
+            raise StrategyError(
+                f"strategy '{cell.strategy_name or cell.strategy}' could not be built for "
+                f"cell {cell.cell_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+
     # -- the cell ----------------------------------------------------------------------
     def run(
         self, cell: Cell, timer: Timer | None = None, *, strategy: Strategy | None = None
@@ -206,14 +230,19 @@ class Runner:
         the one its name loads (training runs its own tier sampler through here)."""
         task = self.catalog.task(cell.task)
         item = self.catalog.items(cell.task)[cell.item_index]
-        strategy = strategy or self.strategy(cell.strategy)
-        context = self._context(cell, item)
-        row = self._base_row(cell, item, strategy)
+        row = self._base_row(cell, item)
+        context: StrategyContext | None = None
         try:
+            strategy = strategy or self._load(cell)
+            self._describe(row, strategy, cell)
+            context = self._context(cell, item, strategy)
             return self._run(cell, task, item, strategy, context, row, timer)
-        except (StrategyError, EndpointError) as exc:
-            # The test errors, but the cell still gets its one row.
-            self._record_strategy(row, context)
+        except RecordError:
+            raise  # the row itself could not be written: there is nothing more to record
+        except (BudgetBenchError, StrategyAborted) as exc:
+            # The test errors (or the run stops), but the cell still gets its one row.
+            if context is not None:
+                self._record_strategy(row, context)
             row.status, row.error = "error", str(exc)
             self.store.write_row(row)
             raise
@@ -262,7 +291,20 @@ class Runner:
             self.store.write_export(*exported)
         return CellResult(cell, item, row, prompt, strategy.reference)
 
-    def _context(self, cell: Cell, item: Item) -> StrategyContext:
+    def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
+        """The strategy's own fields of the row; a strategy whose declarations cannot be
+        read fails its cell like one whose apply() raises."""
+        try:
+            row.strategy = strategy.name
+            row.regime = strategy.regime_label()
+            row.reference = bool(strategy.reference)
+        except Exception as exc:
+            raise StrategyError(
+                f"strategy '{row.strategy}' has unreadable declarations on cell "
+                f"{cell.cell_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _context(self, cell: Cell, item: Item, strategy: Strategy) -> StrategyContext:
         aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id)
         settings = self.settings
         return StrategyContext(
@@ -273,7 +315,7 @@ class Runner:
             aux_models={name: aux.sibling(chat, name) for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
             options={"embedding_model": settings.embedding_model,
-                     **strategy_values(type(self.strategy(cell.strategy)), settings)},
+                     **strategy_values(type(strategy), settings)},
         )
 
     def _apply(
@@ -281,10 +323,13 @@ class Runner:
     ) -> tuple[list[Message], float]:
         started = time.perf_counter()
         try:
-            strategy.reset(context)
-            # A private copy: a strategy that mutates its input must not corrupt later cells.
-            output = strategy.apply(copy.deepcopy(list(item.messages)), cell.budget)
+            output = self._within_timeout(
+                lambda: self._reset_and_apply(strategy, item, cell, context), strategy, cell
+            )
             prompt = check_messages(output, f"strategy '{strategy.name}'")
+            # Counting is the runner's, but what it counts is the strategy's: a prompt the
+            # counter cannot read fails here, as the strategy's error.
+            self.tokens.count_messages(prompt)
         except (EndpointError, StrategyError):
             raise
         except BudgetExceeded as exc:
@@ -296,6 +341,50 @@ class Runner:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         return prompt, round(time.perf_counter() - started, 6)
+
+    @staticmethod
+    def _reset_and_apply(
+        strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
+    ) -> object:
+        strategy.reset(context)
+        # A private copy: a strategy that mutates its input must not corrupt later cells.
+        return strategy.apply(copy.deepcopy(list(item.messages)), cell.budget)
+
+    def _within_timeout(
+        self, work: Callable[[], object], strategy: Strategy, cell: Cell
+    ) -> object:
+        """Run a strategy's work in a daemon thread and wait at most
+        --budgetbench-strategy-timeout. A hung strategy cannot be stopped from outside, so
+        its thread is left behind and its instance forgotten; the sweep goes on."""
+        limit = self.settings.strategy_timeout
+        outcome: list[object] = []
+        failure: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                outcome.append(work())
+            except BaseException as exc:  # re-raised in the cell's own thread below
+                failure.append(exc)
+
+        worker = threading.Thread(target=target, name=f"budgetbench-{cell.cell_id}",
+                                  daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            self._forget_strategy(cell.strategy)
+            raise StrategyError(
+                f"strategy '{strategy.name}' timed out on cell {cell.cell_id} after {limit:g} s "
+                "(--budgetbench-strategy-timeout); its cell is an error, the sweep goes on"
+            )
+        if failure and isinstance(failure[0], (SystemExit, KeyboardInterrupt)):
+            exc = failure[0]
+            raise StrategyAborted(
+                f"strategy '{strategy.name}' raised {type(exc).__name__}"
+                f"({', '.join(map(repr, exc.args))}) on cell {cell.cell_id}; the run stops here"
+            ) from exc
+        if failure:
+            raise failure[0]
+        return outcome[0]
 
     def _call(self, prompt: list[Message], timer: Timer | None) -> Completion:
         def call() -> Completion:
@@ -319,7 +408,7 @@ class Runner:
         row.aux_s = round(sum(c.latency_s for c in calls), 4)
         row.strategy_info = context.info or None
 
-    def _base_row(self, cell: Cell, item: Item, strategy: Strategy) -> CellRow:
+    def _base_row(self, cell: Cell, item: Item) -> CellRow:
         """The row before the cell runs: who, what and where; the outcome fields start
         empty and status "error", so a cell that dies half-way still records as errored."""
         return CellRow(
@@ -328,9 +417,7 @@ class Runner:
             task=cell.task,
             item_id=item.item_id,
             category=item.category,
-            strategy=strategy.name,
-            regime=strategy.regime_label(),
-            reference=strategy.reference,
+            strategy=cell.strategy_name or cell.strategy,  # the strategy's own, once built
             budget=cell.budget,
             repeat=cell.repeat,
             model=self.endpoint.model,

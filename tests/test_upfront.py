@@ -23,6 +23,7 @@ def _args(fake: FakeOpenAI, out: Path, *extra: str) -> list[str]:
         f"--budgetbench-endpoint={fake.base_url}",
         "--budgetbench-tokenizer=approx",
         f"--budgetbench-out={out}",
+        "--budgetbench-report=off",  # in-process runs cannot import numpy twice
         "-p", "no:cacheprovider",
         *extra,
     ]
