@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, load_settings
-from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, ConfigError
+from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded
 from pytest_budgetbench.redact import redact, register_secret, register_url
 
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
@@ -97,7 +97,7 @@ def _settings(config: pytest.Config) -> Settings:
         _register_secrets(settings)
         if settings.active:
             _check_names(settings)
-    except ConfigError as exc:
+    except BudgetBenchError as exc:
         raise pytest.UsageError(redact(exc)) from None
     return settings
 
@@ -110,23 +110,9 @@ def _register_secrets(settings: Settings) -> None:
 
 
 def _check_names(settings: Settings) -> None:
-    from pytest_budgetbench.declared import check_options
-    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
-    from pytest_budgetbench.tasks import REGISTRY as TASKS
+    from pytest_budgetbench.preflight import check_settings
 
-    strategies = {spec: STRATEGIES.resolve(spec) for spec in settings.strategies}
-    names = {spec: cls.name or spec for spec, cls in strategies.items()}
-    tasks = [TASKS.resolve(name) for name in settings.tasks]
-    check_options(settings, tasks, strategies.values())
-    if settings.reference:
-        from pytest_budgetbench.cells import split_reference
-
-        strategy, _budget = split_reference(settings.reference)
-        if strategy not in {*names, *names.values()}:
-            raise ConfigError(
-                f"--budgetbench-reference={settings.reference} names no strategy of this "
-                f"sweep; use one of {', '.join(sorted(set(names.values())))} (strategy@budget)"
-            )
+    check_settings(settings)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,8 +151,12 @@ class SweepPlugin:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.session.is_worker or self.config.option.collectonly:
             return
+        from pytest_budgetbench.preflight import NothingToRun
+
         try:
             self.session.start()
+        except NothingToRun as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
         except BudgetBenchError as exc:
             raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
 

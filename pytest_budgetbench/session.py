@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench import wiring
+from pytest_budgetbench import preflight, wiring
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError
@@ -46,7 +46,7 @@ def resolve_run_dir(settings: Settings) -> Path:
     if settings.resume is None:
         return out / new_run_id(settings.shard)
     if settings.resume == "latest":
-        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file()]
+        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file() and ran_a_cell(d)]
         if not runs:
             raise ConfigError(
                 f"--budgetbench-resume=latest found no run in {out}; "
@@ -60,6 +60,13 @@ def resolve_run_dir(settings: Settings) -> Path:
             f"{CELLS_FILE}); pass a directory under --budgetbench-out, or 'latest'"
         )
     return run_dir
+
+
+def ran_a_cell(run_dir: Path) -> bool:
+    """A run directory whose sweep recorded at least one row; a start that failed before
+    its first cell (and left, say, an embedded server's log) is not a run to resume."""
+    cells = run_dir / CELLS_FILE
+    return cells.is_file() and cells.stat().st_size > 0
 
 
 def started_at(run_dir: Path) -> float:
@@ -96,8 +103,12 @@ class BudgetBenchSession:
 
     # -- controller --------------------------------------------------------------------
     def start(self) -> None:
-        """Resolve the endpoint before any cell runs; raises EndpointError with the reason."""
+        """Check the sweep, resolve the endpoint and write run.json, before any cell runs.
+
+        Nothing is written until the checks that need no endpoint have passed: a ConfigError
+        (or a DataError, an EndpointError) names the first problem."""
         settings = self.settings
+        preflight.check_sweep(settings, self.catalog, self.cells)
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
         else:
@@ -106,6 +117,7 @@ class BudgetBenchSession:
             name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
         }
+        preflight.check_tokenizer(settings, self.endpoint)
         self._write_run_info()
 
     def _write_run_info(self) -> None:

@@ -22,8 +22,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "lexicon", "redact", "registry", "options"),
     ("budget", "model", "cache", "embeddings", "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
-    ("runner",),
-    ("session", "wiring", "train_environment", "regrade"),
+    ("declared", "runner"),
+    ("session", "wiring", "train_environment", "regrade", "preflight"),
     ("plugin", "cli", "collect", "progress", "failures", "arguments", "train_router"),
 )
 # Subpackages of one layer that must not import one another.

@@ -107,7 +107,7 @@ def test_an_empty_shard_exits_0_with_one_line_and_writes_nothing(
     out = tmp_path / "out"
     result = pytester.runpytest(*_args(fake_endpoint, out, "--budgetbench-shard=5/5"))
     assert result.ret == pytest.ExitCode.OK
-    result.stdout.fnmatch_lines(["*shard 5/5 holds no item*"])
+    assert "shard 5/5 holds no item" in result.stdout.str() + result.stderr.str()
     assert _files_under(out) == []
 
 
@@ -117,7 +117,7 @@ def test_resume_latest_skips_a_run_that_never_ran_a_cell(
     out = tmp_path / "out"
     first = pytester.runpytest(*_args(fake_endpoint, out))
     first.assert_outcomes(passed=2)
-    (real,) = out.iterdir()
+    (real,) = [d for d in out.iterdir() if d.is_dir()]
     # A later start that died before its first cell leaves only run.json behind.
     empty = out / "29990101-000000-dead"
     empty.mkdir()

@@ -1,0 +1,200 @@
+"""Everything that can be checked before the first cell, checked before it.
+
+A sweep that would fail on its thousandth cell, or after its last, for a reason known at
+its start (a missing tokenizer file, a baseline it cannot compare with, a cache it cannot
+write) is stopped at the start instead, with one line, and before anything is written.
+
+- :func:`check_settings` needs only the options (and imports the classes they name): the
+  plugin runs it in every process at configure time.
+- :func:`check_sweep` needs the tasks' data and the cells: the controller runs it before
+  it resolves the endpoint and writes run.json.
+- :func:`check_tokenizer` needs the endpoint: the controller runs it once the endpoint is
+  known, before run.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_budgetbench.cells import Cell, split_reference
+from pytest_budgetbench.config import Settings
+from pytest_budgetbench.errors import BudgetBenchError, ConfigError, TokenizerError
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.runner import Catalog, Endpoint
+    from pytest_budgetbench.strategies import Strategy
+    from pytest_budgetbench.tasks import Task
+
+
+class NothingToRun(BudgetBenchError):
+    """The sweep is valid but holds no cell (an empty shard): not an error, one line."""
+
+
+def check_settings(settings: Settings) -> None:
+    """Names, options and paths, from the settings alone; a ConfigError names the value."""
+    from pytest_budgetbench.declared import check_options
+    from pytest_budgetbench.tasks import REGISTRY as TASKS
+
+    strategies = strategy_classes(settings.strategies)
+    tasks = {name: TASKS.resolve(name) for name in settings.tasks}
+    check_options(settings, tasks.values(), strategies.values())
+    _check_reference(settings, strategies)
+    _check_grader_variants(settings, tasks)
+    _check_data_flags(settings, tasks)
+    _check_out_dir(Path(settings.out))
+    if settings.cache_mode not in (None, "off") and settings.cache_path:
+        _check_writable("--budgetbench-cache-path", Path(settings.cache_path))
+    _check_embedding_model(settings)
+
+
+def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
+    """Each strategy spec's class, by the name its rows will carry; two specs that resolve
+    to one name, or a class without a name, are a ConfigError."""
+    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
+
+    by_name: dict[str, type[Strategy]] = {}
+    spec_of: dict[str, str] = {}
+    for spec in specs:
+        cls = STRATEGIES.resolve(spec)
+        name = getattr(cls, "name", "")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"strategy '{spec}' has no name: set its class attribute 'name' to the name "
+                "its cells and rows should carry"
+            )
+        if name in by_name:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
+                f"'{name}', so their cells and rows would mix; give one another name"
+            )
+        by_name[name], spec_of[name] = cls, spec
+    return by_name
+
+
+def _check_reference(settings: Settings, strategies: Mapping[str, type[Strategy]]) -> None:
+    if not settings.reference:
+        return
+    strategy, budget = split_reference(settings.reference)
+    if strategy not in strategies and strategy not in settings.strategies:
+        raise ConfigError(
+            f"--budgetbench-reference={settings.reference} names no strategy of this "
+            f"sweep; use one of {', '.join(sorted(strategies))} (strategy@budget)"
+        )
+    if budget is not None and budget not in settings.budgets:
+        raise ConfigError(
+            f"--budgetbench-reference={settings.reference}: budget {budget} is not swept "
+            f"(--budgets={','.join(map(str, settings.budgets))}); pair against one of them"
+        )
+
+
+def _check_grader_variants(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
+    names = {cls.name or spec: cls for spec, cls in tasks.items()}
+    for task, variant in (settings.grader or {}).items():
+        if task not in names:
+            raise ConfigError(
+                f"--budgetbench-grader={task}:{variant}: task '{task}' is not in this sweep "
+                f"(--budgetbench-tasks={','.join(settings.tasks)})"
+            )
+        known = names[task].grader_variants
+        if variant not in known:
+            raise ConfigError(
+                f"--budgetbench-grader={task}:{variant}: task '{task}' has no grader variant "
+                f"'{variant}' (known: {', '.join(sorted(known)) or 'none'})"
+            )
+
+
+def _check_data_flags(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
+    """A data path for a task the sweep does not run is a typo or a forgotten task."""
+    swept = {cls.name or spec for spec, cls in tasks.items()}
+    for task in sorted(set(settings.data_paths) - swept):
+        raise ConfigError(
+            f"--budgetbench-data-{task} is given but task '{task}' is not in this sweep "
+            f"(--budgetbench-tasks={','.join(settings.tasks)}); add it, or drop the flag"
+        )
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--budgetbench-out={out} is a file, not a directory; pass a directory for the "
+            "run records"
+        )
+    _check_writable("--budgetbench-out", out / "run")
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    """``path`` could be created: its nearest existing ancestor is a writable directory
+    (checked without creating anything)."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{flag}={path.parent if flag == '--budgetbench-out' else path}: cannot be "
+            f"written ({ancestor} is not a writable directory); pass a path you can write"
+        )
+
+
+def _check_embedding_model(settings: Settings) -> None:
+    from pytest_budgetbench.embeddings import DEFAULT_MODEL, resolve_model_path
+
+    if settings.embedding_model != DEFAULT_MODEL:
+        resolve_model_path(settings.embedding_model)  # ConfigError naming the model
+
+
+def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None:
+    """The data every task reads, the cells, and the baseline, before anything runs.
+
+    ``cells`` is the sweep's cell list (reading it loads every task's items, which raises
+    a DataError or ConfigError naming the file)."""
+    for task in settings.tasks:
+        catalog.items(task)
+    if not cells:
+        if settings.shard is not None:
+            index, count = settings.shard
+            raise NothingToRun(
+                f"budgetbench: shard {index}/{count} holds no item (the sweep has fewer "
+                f"items than shards); nothing to run"
+            )
+        raise ConfigError("the sweep holds no cell: its tasks loaded no item")
+    _check_baseline(settings, cells)
+
+
+def _check_baseline(settings: Settings, cells: list[Cell]) -> None:
+    if settings.baseline is None:
+        return
+    path = Path(settings.baseline)
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(
+            f"--budgetbench-baseline={path}: cannot be read ({exc.strerror or exc}); pass a "
+            "previous run's report/report.json"
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(
+            f"--budgetbench-baseline={path}: not JSON ({exc}); pass a previous run's "
+            "report/report.json"
+        ) from None
+    from pytest_budgetbench.reports import check_baseline_comparable
+
+    planned = {(c.task, c.strategy_name or c.strategy, c.budget) for c in cells}
+    reasons = check_baseline_comparable(path, planned)
+    if reasons:
+        raise ConfigError(f"--budgetbench-baseline={path}: {reasons[0]}")
+
+
+def check_tokenizer(settings: Settings, endpoint: Endpoint) -> None:
+    """Load the sweep's token counter and count once, so a missing file or a route the
+    endpoint lacks is one line now rather than an error in every cell."""
+    from pytest_budgetbench.wiring import make_counter
+
+    try:
+        counter = make_counter(settings.tokenizer, endpoint, settings.api_key)
+        counter.count_messages([{"role": "user", "content": "probe"}])
+    except TokenizerError as exc:
+        raise ConfigError(f"--budgetbench-tokenizer={settings.tokenizer}: {exc}") from None
