@@ -96,7 +96,7 @@ def test_diagnostic_grader(data_file: Path, qid: str, reply: str, quality: float
     task = _task(data_file)
     grade = task.grade(_by_id(task)[qid], reply)
     assert grade.quality == quality
-    assert grade.grader == "longmemeval-contains-diagnostic/1"
+    assert grade.grader == "longmemeval-contains-diagnostic/2"
     assert "diagnostic" in task.grader_version
 
 

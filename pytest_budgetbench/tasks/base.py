@@ -17,7 +17,7 @@ from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile, Option, positive_int
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model import ChatModel
+    from pytest_budgetbench.model import ChatBackend
 
 CHUNK_TOKENS = Option(
     "chunk_tokens", "chunk size in tokens when long contexts become messages", positive_int,
@@ -59,7 +59,7 @@ class TaskOptions:
     items: int | None = None
     data_path: Path | None = None
     chunk_tokens: int = 512
-    judge: ChatModel | None = None
+    judge: ChatBackend | None = None
     """The LLM judge of LLM-judged tasks (``--budgetbench-judge-endpoint``), or None."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Values of the options the task declares (``Task.declared_options``), by key, parsed; a key

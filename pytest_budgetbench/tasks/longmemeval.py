@@ -16,7 +16,7 @@ Category: ``question_type``, except that abstention questions (``question_id`` e
 
 Graders:
 
-- ``longmemeval-contains-diagnostic/1`` (no judge): a deterministic DIAGNOSTIC, not the
+- ``longmemeval-contains-diagnostic/2`` (no judge): a deterministic DIAGNOSTIC, not the
   official metric. Correct iff the normalised reply contains the normalised gold answer
   (or its first clause) as whole words, number words read as digits; abstention needs an
   explicit "not mentioned / unknown"-style phrase; preference questions (whose gold is a
@@ -41,6 +41,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench import lexicon
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import (
@@ -60,7 +61,7 @@ from pytest_budgetbench.tasks._text import (
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model import ChatModel
+    from pytest_budgetbench.model import ChatBackend
 
 OFFICIAL_FILES = ("longmemeval_oracle.json", "longmemeval_s.json", "longmemeval_m.json")
 FIELDS = ("question_id", "question_type", "question", "answer", "question_date",
@@ -87,13 +88,9 @@ _NUMBER_WORDS = {
         "eighteen", "nineteen", "twenty",
     ))
 }
-_STOPWORDS = frozenset(" ".join((
-    "a an the and or of to in on for with by at from as is are was were be been being "
-    "that this these those it its their they them he she his her user users would should "
-    "could may might will can do does did not no yes response responses answer answers "
-    "prefer prefers preferred preference preferences which who whom what when where how "
-    "about such any some more most other than then also just only very into over",
-)).split())
+# The diagnostic's rubric-word recall drops the shared stop words and the words every
+# preference rubric is phrased in.
+_STOPWORDS = lexicon.STOPWORDS | frozenset(["user", "users", "response", "responses", "answer", "answers", "prefer", "prefers", "preferred", "preference", "preferences"])
 
 
 def is_abstention(question_id: str) -> bool:
@@ -106,7 +103,7 @@ def category_of(record: dict[str, Any]) -> str:
 
 class LongMemEvalTask(Task):
     name = "longmemeval"
-    grader_version = "longmemeval-contains-diagnostic/1"
+    grader_version = "longmemeval-contains-diagnostic/2"
     data = DataFile(OFFICIAL_FILES[0])
 
     # -- loading --------------------------------------------------------------------------
@@ -170,7 +167,7 @@ class LongMemEvalTask(Task):
         quality, mode = diagnostic_score(item.category, item.answer, reply)
         return Grade(quality, reply, self.grader_version, {"mode": mode})
 
-    def _judge(self, judge: ChatModel, item: Item, reply: str) -> Grade:
+    def _judge(self, judge: ChatBackend, item: Item, reply: str) -> Grade:
         model = str(getattr(judge, "model", type(judge).__name__))
         grader = f"{JUDGE_GRADER};judge={model}"
         detail: dict[str, Any] = {"judge_model": model,
