@@ -90,7 +90,11 @@ _NUMBER_WORDS = {
 }
 # The diagnostic's rubric-word recall drops the shared stop words and the words every
 # preference rubric is phrased in.
-_STOPWORDS = lexicon.STOPWORDS | frozenset(["user", "users", "response", "responses", "answer", "answers", "prefer", "prefers", "preferred", "preference", "preferences"])
+_RUBRIC_WORDS = (
+    "user users response responses answer answers prefer prefers preferred preference "
+    "preferences"
+)
+_STOPWORDS = lexicon.STOPWORDS | frozenset(_RUBRIC_WORDS.split())
 
 
 def is_abstention(question_id: str) -> bool:
