@@ -93,10 +93,35 @@ def test_extreme_retry_after_values_neither_overflow_nor_sleep_past_the_cap(
     assert result.completed + result.errored == result.cells
 
 
-def test_a_baseline_with_nothing_comparable_fails_the_gate(tmp_path: Path) -> None:
+def test_a_baseline_with_nothing_comparable_stops_the_sweep_before_any_cell(
+    tmp_path: Path,
+) -> None:
     result, output = faults.incomparable_baseline(tmp_path)
-    assert result.exit_code == pytest.ExitCode.TESTS_FAILED and result.clean, result
+    assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.clean, result
     assert "nothing is comparable for task 'memory'" in output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_misbehaving_plugins_get_one_error_row_per_cell_and_the_sweep_goes_on(
+    tmp_path: Path,
+) -> None:
+    result = faults.misbehaving_strategies(tmp_path)
+    assert result.clean, result
+    assert result.errored == len(faults.MISBEHAVING) * 2 * len(faults.BUDGETS)
+    assert result.completed == 2 * len(faults.BUDGETS)  # truncation, every cell
+
+
+def test_two_strategies_with_one_name_are_one_usage_line(tmp_path: Path) -> None:
+    result, output = faults.same_name_strategies(tmp_path)
+    assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.clean, result
+    assert "are both named 'truncation'" in output
+
+
+def test_resume_latest_after_a_failed_start_completes_the_real_run(tmp_path: Path) -> None:
+    result = faults.failed_start_then_resume(tmp_path)
+    assert result.faults_injected > 1 and result.clean, result
+    crashed = 1 * len(faults.BUDGETS)  # item 0002 of 4 crashes on purpose
+    assert result.completed == result.cells - crashed
 
 
 def test_a_full_disk_errors_the_cell_keeps_records_aligned_and_reports_one_line(
