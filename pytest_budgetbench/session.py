@@ -15,7 +15,7 @@ import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.cells import Cell, build_cells
 from pytest_budgetbench.config import Settings
@@ -23,6 +23,9 @@ from pytest_budgetbench.errors import ConfigError, EndpointError, TokenizerError
 from pytest_budgetbench.model import redact_url
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
 from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.collect import GateSpec
 
 WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
@@ -85,6 +88,8 @@ class BudgetBenchSession:
         self._pending: dict[str, Future[CellResult]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.gate_failures: list[str] = []
+        """Reasons of the gates that failed, as the controller saw their reports."""
+        self.started = False
         self.report_dir: Path | None = None
         self._runner: Runner | None = None
 
@@ -110,6 +115,16 @@ class BudgetBenchSession:
             for name, target in (settings.aux_models or {}).items()
         }
         self._write_run_info()
+        self.started = True
+
+    def embedded_description(self) -> str:
+        """What starting the embedded model means, for the line printed before it starts."""
+        from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS
+
+        return f"{EMBEDDED_MODEL_ALIAS}, n_ctx {self._embedded_n_ctx()}"
+
+    def _embedded_n_ctx(self) -> int:
+        return max(8192, max(self.settings.budgets) + self.settings.max_tokens + 64)
 
     def _write_run_info(self) -> None:
         assert self.endpoint is not None
@@ -156,9 +171,9 @@ class BudgetBenchSession:
         from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer
 
         settings = self.settings
-        n_ctx = max(8192, max(settings.budgets) + settings.max_tokens + 64)
         server = EmbeddedServer(
-            n_ctx=n_ctx, threads=settings.threads, log_path=self.store.run_dir / "server.log"
+            n_ctx=self._embedded_n_ctx(), threads=settings.threads,
+            log_path=self.store.run_dir / "server.log",
         )
         server.start()
         self.server = server
@@ -175,32 +190,83 @@ class BudgetBenchSession:
         return {"run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
                 "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
 
-    def finish(self) -> list[str]:
-        """Write the report of this run and return the gates' failure reasons."""
+    def finish(self) -> None:
+        """Write the report of this run (the gates are test items; see :meth:`judge`)."""
+        if self.settings.report == "off":
+            return
+        self.report_dir = self._build_report(plots=True).out_dir
+
+    def _build_report(self, *, plots: bool) -> Any:
         settings = self.settings
-        if settings.report == "off" and settings.max_violation_rate is None and (
-            settings.baseline is None
-        ):
-            return []
         from pytest_budgetbench import reports
 
         prices = None
         if settings.price_in is not None or settings.price_out is not None:
             prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
-        report = reports.build_report(
+        return reports.build_report(
             [self.store.run_dir], self.store.run_dir / "report",
             reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
-            prices=prices, plots=settings.report == "on",
+            prices=prices, plots=plots and settings.report == "on",
         )
-        self.report_dir = report.out_dir
-        failures: list[str] = []
-        if settings.max_violation_rate is not None:
-            failures += reports.violation_gate(report, settings.max_violation_rate)
-        if settings.baseline is not None and settings.max_regression is not None:
-            failures += reports.regression_gate(
-                report, Path(settings.baseline), settings.max_regression
-            )
-        return failures
+
+    # -- gates -------------------------------------------------------------------------
+    @functools.cached_property
+    def gates(self) -> list[GateSpec]:
+        """The gate items this sweep asked for, one per kind and strategy@budget."""
+        from pytest_budgetbench.collect import gate_specs
+        from pytest_budgetbench.strategies import REGISTRY
+
+        settings = self.settings
+        references = {}
+        for spec in settings.strategies:
+            strategy = REGISTRY.resolve(spec)
+            references[strategy.name or spec] = bool(getattr(strategy, "reference", False))
+        return gate_specs(
+            references, settings.budgets,
+            violation=settings.max_violation_rate is not None,
+            regression=settings.baseline is not None and settings.max_regression is not None,
+        )
+
+    def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> str | None:
+        """A gate's failure reason, or None when it passes.
+
+        Its cells are every cell of its strategy@budget: those this process has not run
+        yet run now (a gate selected alone, e.g. by ``--lf``, judges complete data), and
+        those ``running_elsewhere`` (other xdist workers) are waited for in the records.
+        """
+        cells = [c for c in self.cells if (c.strategy_name or c.strategy) == gate.strategy
+                 and c.budget == gate.budget and not self.skip_reason(c)]
+        for cell in cells:
+            if cell.cell_id not in running_elsewhere:
+                self.run_cell(cell)
+        waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
+        from pytest_budgetbench import reports
+
+        reason = reports.gate_verdict(
+            self._build_report(plots=False), gate.kind, gate.strategy, gate.budget,
+            max_rate=self.settings.max_violation_rate, max_regression=self.settings.max_regression,
+            baseline=Path(self.settings.baseline) if self.settings.baseline else None,
+        )
+        if waiting:
+            stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"
+            reason = f"{reason}; {stalled}" if reason else f"{gate.gate_id}: {stalled}"
+        return reason
+
+    def _await_rows(self, cell_ids: set[str]) -> set[str]:
+        """Wait until other processes recorded a row for each cell; give up once the
+        records stop growing for longer than one cell may take. Returns the missing ids."""
+        stall_s = self.settings.timeout * self.settings.retries + 60.0
+        last_size, last_change = -1, time.monotonic()
+        while True:
+            missing = cell_ids - {row.get("cell_id") for row in self.store.rows()}
+            if not missing:
+                return set()
+            size = self.store.cells_path.stat().st_size if self.store.cells_path.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > stall_s:
+                return missing
+            time.sleep(0.2)
 
     def stop(self) -> None:
         if self._pool is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
-    from pytest_budgetbench.reports.gates import regression_gate, violation_gate
+    from pytest_budgetbench.reports.gates import gate_verdict, regression_gate, violation_gate
     from pytest_budgetbench.reports.load import ReportError
     from pytest_budgetbench.reports.tables import Prices, Reference
 
@@ -23,6 +23,7 @@ _EXPORTS = {
     "Report": "builder",
     "ReportSettings": "builder",
     "violation_gate": "gates",
+    "gate_verdict": "gates",
     "regression_gate": "gates",
     "ReportError": "load",
     "Prices": "tables",
@@ -36,6 +37,7 @@ __all__ = [
     "ReportError",
     "ReportSettings",
     "build_report",
+    "gate_verdict",
     "regression_gate",
     "violation_gate",
 ]
