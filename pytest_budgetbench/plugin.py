@@ -205,6 +205,10 @@ class SweepPlugin:
             from pytest_budgetbench.collect import SweepModule, sweep_is_collected
 
             if sweep_is_collected(self.config, only=self.config.getoption("budgetbench_only")):
+                try:  # bad data is a usage error, not a collection error of one node
+                    self.session.cells, self.session.gates  # noqa: B018 - built once, here
+                except BudgetBenchError as exc:
+                    raise pytest.UsageError(f"budgetbench: {exc}") from None
                 report.result.append(SweepModule.for_session(collector))
         return report
 
@@ -268,7 +272,9 @@ class SweepPlugin:
             return
         if self.progress is not None and report.when == "call":
             self.progress.add(report.user_properties)
-        if report.nodeid.startswith("budgetbench::gate[") and report.failed:
+        if report.nodeid.startswith("budgetbench::gate[") and report.failed and (
+            report.when == "call"
+        ):
             # The reason is the report's last line (xdist puts a worker line above it).
             self.session.gate_failures.append(report.longreprtext.strip().splitlines()[-1])
 

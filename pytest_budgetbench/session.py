@@ -85,6 +85,7 @@ class BudgetBenchSession:
         self.catalog = Catalog(settings)
         self.server: Any = None
         self.results: dict[str, CellResult] = {}
+        self.errored: set[str] = set()
         self._pending: dict[str, Future[CellResult]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.gate_failures: list[str] = []
@@ -237,8 +238,11 @@ class BudgetBenchSession:
         cells = [c for c in self.cells if (c.strategy_name or c.strategy) == gate.strategy
                  and c.budget == gate.budget and not self.skip_reason(c)]
         for cell in cells:
-            if cell.cell_id not in running_elsewhere:
-                self.run_cell(cell)
+            if cell.cell_id not in running_elsewhere and cell.cell_id not in self.errored:
+                try:
+                    self.run_cell(cell)
+                except Exception:  # its error row is what the gate counts
+                    continue
         waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
         from pytest_budgetbench import reports
 
@@ -377,7 +381,11 @@ class BudgetBenchSession:
     def run_cell(self, cell: Cell, timer: Any = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""
         if cell.cell_id not in self.results:
-            self.results[cell.cell_id] = self._result(cell, timer)
+            try:
+                self.results[cell.cell_id] = self._result(cell, timer)
+            except Exception:
+                self.errored.add(cell.cell_id)  # recorded as an error row; a gate skips it
+                raise
         return self.results[cell.cell_id]
 
     def _result(self, cell: Cell, timer: Any) -> CellResult:
