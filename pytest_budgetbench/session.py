@@ -456,7 +456,6 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) ->
     except TokenizerError as exc:
         raise TokenizerError(
             f"--budgetbench-tokenizer=auto cannot count for {redact_url(endpoint.base_url)}: "
-            f"it has no /tokenize route. Pass hf:<dir-or-tokenizer.json> for exact counts, "
-            f"or approx to accept approximate ones ({exc})"
+            f"{exc}"
         ) from None
     return counter
