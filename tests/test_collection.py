@@ -343,3 +343,51 @@ def test_progress_off_a_tty_waits_its_interval() -> None:
         "budgetbench progress: memory: 3/10 cells", "budgetbench progress: memory: 5/10 cells"
     ]
     assert reporter.rewritten == []
+
+
+# -- the end of a sweep ---------------------------------------------------------------------
+def test_the_default_reference_falls_back_to_the_cell_that_pairs_most() -> None:
+    from pytest_budgetbench.reports.tables import pairing_reference
+
+    default = ("full_context", 2048)
+    assert pairing_reference(default, {default: 1, ("truncation", 2048): 9}) == default
+    assert pairing_reference(default, {("truncation", 512): 4, ("truncation", 2048): 9,
+                                       ("rag", 2048): 9}) == ("rag", 2048)
+    assert pairing_reference(default, {("truncation", 512): 9, ("rag", 2048): 9}) == (
+        "rag", 2048)  # a tie goes to the larger budget
+    assert pairing_reference(default, {}) == default
+
+
+def _row(strategy: str, budget: int, status: str, quality: float | None = None) -> dict:
+    return {"task": "memory", "strategy": strategy, "budget": budget, "status": status,
+            "quality": quality, "counted_tokens": 3200 if status == "violation" else 400,
+            "reference": strategy == "full_context"}
+
+
+def test_the_summary_says_which_reference_pairs_or_why_none_does() -> None:
+    from pytest_budgetbench.reports.terminal import reference_notes
+
+    over = [_row("full_context", b, "violation") for b in (512, 2048)]
+    (fallback,) = reference_notes([*over, _row("truncation", 2048, "ok", 1.0)])
+    assert "default reference full_context@2048 admitted no item" in fallback
+    assert "pairs against truncation@2048" in fallback
+    (empty,) = reference_notes([*over, _row("greedy", 512, "violation")])
+    assert "the paired table is empty" in empty and "need up to 3200 tokens" in empty
+    assert "--budgetbench-reference=STRATEGY@BUDGET" in empty
+    assert reference_notes([_row("full_context", 2048, "ok", 1.0)]) == []
+
+
+def test_the_final_table_has_the_admitted_count_and_a_95_percent_interval(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Memory histories are ~3.2K tokens: full_context admits nothing at 512 or 2048.
+    result = pytester.runpytest(
+        *args(fake_endpoint, tmp_path, "--budgetbench-items=6", "--budgets=512,2048")
+    )
+    result.stdout.fnmatch_lines([
+        "*strategy*budget*n*admitted*quality*95% CI*viol.rate*",
+        "*full_context (ref)*512*6*0*-*-*1.000*",
+        "*truncation*2048*6*6*0.*[[]0.*, *[]]*0.000*",
+        "*the default reference full_context@2048 admitted no item, so the paired table "
+        "pairs against truncation@2048*",
+    ])
