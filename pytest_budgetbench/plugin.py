@@ -96,6 +96,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"budgetbench: {exc}") from None
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(SweepPlugin(config, session), "budgetbench-sweep")
+    _narrow_benchmark_table(config)
+
+
+def _narrow_benchmark_table(config: pytest.Config) -> None:
+    """A cell's model call is timed once: spread columns (stddev, IQR, outliers) say
+    nothing, so pytest-benchmark's table shows the time and the round count, unless the
+    command line chose columns. (pytest-benchmark reads the option after this hook.)"""
+    if not hasattr(config.option, "benchmark_columns"):
+        return
+    if any(str(a).startswith("--benchmark-columns") for a in config.invocation_params.args):
+        return
+    config.option.benchmark_columns = ["mean", "rounds"]
 
 
 def pytest_collection_modifyitems(
@@ -404,6 +416,9 @@ class _ModelCallTimer:
 
     def __call__(self, call: Callable[[], Any]) -> Any:
         benchmark = self.request.getfixturevalue("benchmark")
+        cell = self.request.param
+        # One table per task and strategy@budget, not one ~200-column table of all cells.
+        benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
         completion = benchmark.pedantic(call, rounds=1, iterations=1)
         benchmark.extra_info["output_tokens"] = completion.completion_tokens
         self.timed = True

@@ -364,6 +364,7 @@ def test_pytest_benchmark_times_each_model_call_once_with_quality(
     assert bench["stats"]["rounds"] == 1 and bench["stats"]["iterations"] == 1
     assert bench["extra_info"]["quality"] in (0.0, 1.0)
     assert bench["extra_info"]["counted_tokens"] > 0
+    assert bench["group"] == "memory truncation@8192"  # one table per strategy@budget
     assert len(fake_endpoint.requests) == 1
 
 
