@@ -266,7 +266,8 @@ class SweepPlugin:
             cell.task if cell is not None else by_id.get(nodeid[nodeid.find("[") + 1:-1], "?")
             for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
         )
-        in_place = reporter.isatty() and self.config.get_verbosity() == 0
+        tty = reporter.isatty  # a bool on pytest 8, a method on 9
+        in_place = bool(tty() if callable(tty) else tty) and self.config.get_verbosity() == 0
         self.progress = SweepProgress(reporter, interval=interval, in_place=in_place)
         self.progress.expect(dict(tasks))
 
