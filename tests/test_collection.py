@@ -203,6 +203,30 @@ def test_a_failing_gate_is_a_failure_in_junit_and_the_final_line(
     assert ET.parse(junit).getroot().find("testsuite").get("failures") == "1"  # type: ignore[union-attr]
 
 
+def test_gates_under_xdist_wait_for_the_cells_of_other_workers(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    add_greedy_strategy(pytester)
+    fake_endpoint.latency_s = 0.05  # cells still running elsewhere when a gate starts
+    result = pytester.runpytest_subprocess(*args(
+        fake_endpoint, tmp_path, "--budgetbench-strategies=greedy:Greedy,truncation",
+        "--budgetbench-items=4", "--budgetbench-max-violation-rate=0.1", "-n", "2",
+    ))
+    result.assert_outcomes(passed=15, failed=1, xfailed=4)
+    result.stdout.fnmatch_lines(
+        ["*budgetbench gate failed: greedy@512: violation rate 100.0% (4/4 prompts)*"]
+    )
+    ids = [r["cell_id"] for r in _rows(tmp_path)]
+    assert len(ids) == len(set(ids)) == 16  # a gate never reruns another worker's cell
+
+
+def _rows(tmp: Path) -> list[dict]:
+    import json
+
+    (cells,) = (tmp / "out").glob("*/cells.jsonl")
+    return [json.loads(line) for line in cells.read_text().splitlines()]
+
+
 def test_a_gate_over_no_admitted_cell_fails_and_says_why(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
