@@ -221,7 +221,8 @@ class SweepPlugin:
                     self.session.cells, self.session.gates  # noqa: B018 - built once, here
                 except BudgetBenchError as exc:
                     raise pytest.UsageError(f"budgetbench: {exc}") from None
-                report.result.append(SweepModule.for_session(collector))
+                # First: the cells run (and are timed) before the tests that read them.
+                report.result.insert(0, SweepModule.for_session(collector))
         return report
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
