@@ -417,3 +417,18 @@ def test_the_final_table_has_the_admitted_count_and_a_95_percent_interval(
         "*the default reference full_context@2048 admitted no item, so the paired table "
         "pairs against truncation@2048*",
     ])
+
+
+def test_the_report_pairs_against_the_fallback_reference(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    import csv
+
+    sweep = [a for a in args(fake_endpoint, tmp_path) if a != "--budgetbench-report=off"]
+    # In a subprocess: the report is built with pandas (numpy cannot be re-imported).
+    pytester.runpytest_subprocess(*sweep, "--budgets=512,2048", "--budgetbench-report=on")
+    (paired,) = (tmp_path / "out").glob("*/report/paired.csv")
+    rows = list(csv.DictReader(paired.open()))
+    assert {(r["ref_strategy"], r["ref_budget"]) for r in rows} == {("truncation", "2048")}
+    truncation_512 = next(r for r in rows if (r["strategy"], r["budget"]) == ("truncation", "512"))
+    assert int(truncation_512["n_paired"]) == 2

@@ -85,7 +85,8 @@ def admitted_counts(task_items: pd.DataFrame) -> dict[tuple[str, int], int]:
     """Items admitted and scored per (strategy, budget): what a reference can pair on."""
     scored = task_items.loc[(task_items["status"] == ADMITTED) & task_items["quality"].notna()]
     counts = scored.groupby(["strategy", "budget"], observed=True).size()
-    return {(str(k[0]), int(k[1])): int(n) for k, n in counts.items()}
+    return {(str(strategy), int(budget)): int(n)
+            for (strategy, budget), n in zip(counts.index.tolist(), counts.tolist(), strict=True)}
 
 
 def pairing_reference(
