@@ -129,7 +129,8 @@ class SweepProgress:
             task = next((t for t, p in self.tasks.items() if p.done < p.total),
                         next(reversed(self.tasks)))
             line = self.tasks[task].line(task, self.clock() - self.started)
-            self.reporter.rewrite(line, erase=True)
+            # Prefixed like pytest's own row for the node, which the rewrite replaces.
+            self.reporter.rewrite(f"budgetbench {line}", erase=True)
             self._dirty_line = True
             return
         if self.clock() - self._last_write >= self.interval:

@@ -351,7 +351,8 @@ def test_progress_is_rewritten_in_place_on_a_tty_with_eta_means_and_cache_hits()
         progress.add(entry)
     assert reporter.lines == [] and len(reporter.rewritten) == 3
     assert reporter.rewritten[-1] == (
-        "memory: 3/4 cells | ETA 10s | quality@2048: rag 0.00, truncation 1.00 | cache hits 1"
+        "budgetbench memory: 3/4 cells | ETA 10s | quality@2048: rag 0.00, truncation 1.00 | "
+        "cache hits 1"
     )
     progress.close()
     assert reporter.lines == [""]
