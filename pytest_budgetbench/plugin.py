@@ -123,8 +123,7 @@ def pytest_collection_modifyitems(
         raise pytest.UsageError(f"not found: {', '.join(unmatched)} ({hint})")
     if not config.getoption("budgetbench_only", False):
         return
-    keep = [i for i in items if is_sweep_item(i) or "budget_cell" in getattr(
-        i, "fixturenames", ())]
+    keep = [i for i in items if is_sweep_item(i) or _uses_budget_cell(i)]
     if len(keep) < len(items):
         kept = set(map(id, keep))
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
