@@ -40,7 +40,7 @@ def sweep(fake: FakeOpenAI, out: Path, items: int, strategies: str) -> tuple[flo
     """Wall seconds and peak RSS (MiB) of one sweep in a fresh process."""
     command = [
         sys.executable, "-c", LAUNCHER, "-q", "-p", "no:cacheprovider",
-        "--budgets=2048,8192", f"--budgetbench-items={items}",
+        "--budgets=2048,8192", "--budgetbench-only", f"--budgetbench-items={items}",
         f"--budgetbench-strategies={strategies}", f"--budgetbench-endpoint={fake.base_url}",
         f"--budgetbench-tokenizer=gguf:{embedded_gguf_path()}", f"--budgetbench-out={out}",
         "--budgetbench-report=off", "--budgetbench-cache=off", "--budgetbench-audit=hash",

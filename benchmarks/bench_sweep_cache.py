@@ -25,7 +25,8 @@ DEFAULT_SWEEP = ["--budgets=2048,8192"]
 def run(out: Path, cache: Path, sweep: list[str]) -> tuple[float, Path]:
     before = set(out.glob("*")) if out.exists() else set()
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sweep,
-               f"--budgetbench-out={out}", f"--budgetbench-cache-path={cache}"]
+               "--budgetbench-only", f"--budgetbench-out={out}",
+               f"--budgetbench-cache-path={cache}"]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - started

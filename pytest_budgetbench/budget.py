@@ -9,7 +9,8 @@ Counters by ``--budgetbench-tokenizer``:
 - ``gguf:<path>``: llama.cpp with ``vocab_only`` and the GGUF's own chat template. This
   is what the embedded model uses (``auto`` picks it), and it is exact.
 - ``hf:<dir or tokenizer.json>``: a transformers tokenizer with its chat template.
-- ``server``: the endpoint's ``/tokenize`` route (vLLM style, messages in).
+- ``server``: the endpoint's ``/tokenize`` route (vLLM style, messages in), or
+  llama-cpp-python's ``/extras/tokenize`` (text in; the template cost is estimated).
 - ``approx``: four characters a token plus a fixed cost per message. Rows say "approx".
 
 Image content parts cost a declared ``IMAGE_TOKENS`` each in every counter but ``server``.
@@ -275,12 +276,24 @@ class HFCounter(TokenCounter):
 
 
 class ServerCounter(TokenCounter):
-    """Asks the endpoint's ``/tokenize`` route (vLLM's: messages in, ``count`` out)."""
+    """Asks the endpoint to count, on the first tokenizer route it answers:
+
+    - ``/tokenize``, vLLM's (messages in, ``count`` out): exact, chat template included;
+    - ``/extras/tokenize``, llama-cpp-python's server and proxies in front of it (text
+      in, ``tokens`` out): the content is counted by the server and the template's cost
+      is estimated as for ``approx``, so rows say ``tokenizer_exact=false``.
+
+    A llama.cpp server's own ``/tokenize`` takes ``content`` and renders no template; it
+    is recognised and the error suggests ``gguf:`` (the served file counts exactly).
+    """
 
     name = "server:/tokenize"
     exact = True
+    ROUTES: tuple[str, ...] = ("/tokenize", "/extras/tokenize")
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, model: str, api_key: str | None = None, route: str | None = None
+    ) -> None:
         super().__init__()
         import httpx
 
@@ -296,27 +309,96 @@ class ServerCounter(TokenCounter):
         self._client = httpx.Client(base_url=root, headers=headers, params=query,
                                     timeout=30.0)
         self._model = model
+        self._route: str | None = None
+        if route is not None:
+            self._use(route)
+
+    @property
+    def route(self) -> str | None:
+        """The route in use; None until the first count found one."""
+        return self._route
+
+    def _use(self, route: str) -> None:
+        if route not in self.ROUTES:
+            raise TokenizerError(f"unknown tokenizer route {route!r}; one of {self.ROUTES}")
+        self._route = route
+        self.name = f"server:{route}"
+        self.exact = route == "/tokenize"
+
+    def _discover(self) -> None:
+        """Try each route with a one-word text; keep the first that answers with a count."""
+        tried: list[str] = []
+        llama_cpp = False
+        for route in self.ROUTES:
+            try:
+                payload = self._text_payload(route, "probe")
+                response = self._client.post(route, json=payload)
+                if response.status_code == 200:
+                    body = response.json()
+                    if self._read_count(route, body) is not None:
+                        self._use(route)
+                        return
+                    llama_cpp |= route == "/tokenize" and "tokens" in body
+                tried.append(f"{route}: HTTP {response.status_code}")
+            except Exception as exc:  # transport errors and non-JSON answers alike
+                tried.append(f"{route}: {type(exc).__name__}")
+        hint = (
+            "it answers like a llama.cpp server, which renders no chat template there: pass "
+            "--budgetbench-tokenizer=gguf:<the served .gguf file> for exact counts"
+            if llama_cpp else
+            "use --budgetbench-tokenizer=hf:PATH (exact) or approx for this endpoint"
+        )
+        raise TokenizerError(f"no tokenizer route answered ({'; '.join(tried)}); {hint}")
+
+    def _text_payload(self, route: str, text: str) -> dict[str, Any]:
+        if route == "/extras/tokenize":
+            return {"model": self._model, "input": text}
+        return {"model": self._model, "prompt": text, "add_special_tokens": False}
+
+    @staticmethod
+    def _read_count(route: str, body: Any) -> int | None:
+        if not isinstance(body, dict):
+            return None
+        if route == "/tokenize":
+            return int(body["count"]) if "count" in body else None
+        tokens = body.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
 
     def _post(self, payload: dict[str, Any]) -> int:
+        if self._route is None:
+            self._discover()
+        route = self._route
+        assert route is not None
         try:
-            response = self._client.post("/tokenize", json={"model": self._model, **payload})
+            response = self._client.post(route, json=payload)
             response.raise_for_status()
-            return int(response.json()["count"])
+            count = self._read_count(route, response.json())
+            if count is None:
+                raise ValueError(f"no token count in the answer of {route}")
+            return count
         except Exception as exc:
             from pytest_budgetbench.redact import first_line, redact
 
             # "from None": httpx's own text holds the full URL, credentials included.
             raise TokenizerError(redact(
-                f"the endpoint's /tokenize route failed ({type(exc).__name__}: "
+                f"the endpoint's {route} route failed ({type(exc).__name__}: "
                 f"{first_line(exc)}); "
                 "use --budgetbench-tokenizer=hf:PATH or approx for this endpoint"
             )) from None
 
     def _count_prompt(self, messages: Sequence[Message]) -> int:
-        return self._post({"messages": list(messages), "add_generation_prompt": True})
+        if self._route is None:
+            self._discover()
+        if self._route == "/extras/tokenize":
+            return framed_estimate(messages, self._count_text)
+        return self._post({"model": self._model, "messages": list(messages),
+                           "add_generation_prompt": True})
 
     def _count_text(self, text: str) -> int:
-        return self._post({"prompt": text, "add_special_tokens": False})
+        if self._route is None:
+            self._discover()
+        assert self._route is not None
+        return self._post(self._text_payload(self._route, text))
 
 
 @dataclass(frozen=True)

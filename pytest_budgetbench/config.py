@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pytest_budgetbench.errors import ConfigError
 
@@ -33,14 +33,20 @@ def _name_list(option: str) -> Callable[[str], tuple[str, ...]]:
     return parse
 
 
+BUDGETS_OFF = "off"
+"""``--budgets=off``: no sweep, even when the ini sets budgets."""
+
+
 def parse_budgets(raw: str) -> tuple[int, ...]:
+    if raw.strip() == BUDGETS_OFF:
+        return ()
     parts = [part.strip() for part in raw.split(",")]
     budgets: list[int] = []
     for part in parts:
         if not _is_count(part) or int(part) <= 0:
             raise ConfigError(
                 f"--budgets must be positive token counts separated by commas, "
-                f"e.g. --budgets=2048,8192 (got {part!r} in {raw!r})"
+                f"e.g. --budgets=2048,8192, or off (got {part!r} in {raw!r})"
             )
         budgets.append(int(part))
     return tuple(sorted(set(budgets)))
@@ -190,6 +196,19 @@ class OptionSpec:
     option, a field of Settings."""
     key: str = ""
     """The declared option's key (for "data": the task's name)."""
+    ini_type: Literal["string", "args"] = "string"
+    """pytest's ini type; "args" also takes a TOML list (``budgetbench_budgets = [512, 2048]``)."""
+
+    @property
+    def default_text(self) -> str:
+        """The default as a user would type it: ``full_context,truncation,rag``."""
+        if isinstance(self.default, tuple):
+            return ",".join(str(part) for part in self.default)
+        return str(self.default)
+
+    @property
+    def ini_default(self) -> str | list[str]:
+        return [] if self.ini_type == "args" else ""
 
     @property
     def flag(self) -> str:
@@ -212,12 +231,14 @@ class OptionSpec:
 
 
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("budgets", "token budgets, comma-separated; turns the sweep on", parse_budgets,
-               (), metavar="N,N"),
+    OptionSpec("budgets", "token budgets, comma-separated; turns the sweep on (off: no sweep, "
+               "even when the ini sets budgets)", parse_budgets, (), metavar="N,N|off",
+               ini_type="args"),
     OptionSpec("strategies", "strategy names or module:attr, comma-separated",
-               _name_list("--budgetbench-strategies"), ("full_context", "truncation", "rag")),
+               _name_list("--budgetbench-strategies"), ("full_context", "truncation", "rag"),
+               ini_type="args"),
     OptionSpec("tasks", "task names or module:attr, comma-separated",
-               _name_list("--budgetbench-tasks"), ("memory",)),
+               _name_list("--budgetbench-tasks"), ("memory",), ini_type="args"),
     OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 10),
     OptionSpec("seed", "seed for generated tasks and sampling", _int("--budgetbench-seed"), 0),
     OptionSpec("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
@@ -309,6 +330,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("grader", "a grader variant per task instead of upstream's grader, "
                "TASK:VARIANT,... (the README lists each task's variants)",
                parse_grader_variants, None, metavar="TASK:VARIANT,..."),
+    OptionSpec("progress", "seconds between progress lines when the terminal is not a tty "
+               "(on a tty the line is updated in place); 0 turns progress off",
+               _non_negative_float("--budgetbench-progress"), 30.0, metavar="SECONDS"),
 )
 """The core's options. Tasks and strategies declare their own (``options.Option``); the
 plugin turns those into more OptionSpecs (``section`` set) and passes them to
@@ -360,6 +384,7 @@ class Settings:
     """--budgetbench-task-options as given, checked the same way against the tasks."""
     aux_models: dict[str, str] | None = None
     grader: dict[str, str] | None = None
+    progress: float = 30.0
     data_paths: dict[str, str] = field(default_factory=dict)
     task_flags: dict[str, str] = field(default_factory=dict)
     """Declared task options given by their own flag, ini or env (e.g.
@@ -413,6 +438,15 @@ class Settings:
         return recorded
 
 
+def _ini_text(raw: Any) -> str:
+    """A TOML list (``[512, 2048]``) or a spaced ini line as the comma-separated text the
+    command line takes."""
+    if isinstance(raw, (list, tuple)):
+        parts = (str(part).strip().strip(",").strip() for part in raw)
+        return ",".join(part for part in parts if part)
+    return str(raw)
+
+
 def load_settings(
     get_option: Callable[[str], Any],
     get_ini: Callable[[str], Any],
@@ -431,11 +465,11 @@ def load_settings(
             raw = get_ini(spec.ini) or None
         if raw is None and spec.env:
             raw = os.environ.get(spec.env) or None
-        value = spec.default if raw is None else spec.parse(str(raw))
+        value = spec.default if raw is None else spec.parse(_ini_text(raw))
         if not spec.section:
             values[spec.dest] = value
         elif raw is not None:
-            sections[spec.section][spec.key] = str(raw).strip()
+            sections[spec.section][spec.key] = _ini_text(raw).strip()
     settings = Settings(**values, data_paths=sections["data"], task_flags=sections["task"],
                         strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):

@@ -1,8 +1,9 @@
 """pytest-budgetbench's pytest plugin: options, cell generation, summary and gates.
 
 Without ``--budgets`` (or its ini twin ``budgetbench_budgets``) the plugin registers its
-options and nothing else: no items, no output, no heavy imports. With it, the plugin adds
-one test per task item x strategy x budget and delegates the work to the run object.
+options and nothing else: no items, no output, no heavy imports. With it, a ``budgetbench``
+collector joins the collection tree (:mod:`pytest_budgetbench.collect`) with one test per
+task item x strategy x budget and one per gate, and the work goes to the run object.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, load_settings
-from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded
+from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
 
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
-CELL_KEY = pytest.StashKey["Cell"]()
-COLLECTOR_NAME = "budgetbench"
-LOADGROUP_KEY = "budgetbench_loadgroup"
 DECLARED_KEY = pytest.StashKey[list[OptionSpec]]()
 """The flags tasks and strategies declare, as registered for this run."""
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
+    from pytest_budgetbench.collect import GateVerdict
+    from pytest_budgetbench.progress import SweepProgress
     from pytest_budgetbench.runner import CellResult
     from pytest_budgetbench.session import BudgetBenchSession
 
@@ -70,7 +70,7 @@ def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
     for spec in specs:
         if f"budgetbench_{spec.dest}" in added:
             continue
-        default = f" (default: {spec.default})" if spec.default not in (None, ()) else ""
+        default = f" (default: {spec.default_text})" if spec.default not in (None, ()) else ""
         env = f" [env {spec.env}]" if spec.env else ""
         group.addoption(
             *spec.flags,
@@ -79,7 +79,12 @@ def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
             metavar=spec.metavar or spec.dest.upper(),
             help=f"{spec.help}{default}{env}",
         )
-        parser.addini(spec.ini, help=spec.help, default="")
+        parser.addini(spec.ini, help=spec.help, type=spec.ini_type, default=spec.ini_default)
+    if "budgetbench_only" not in added:
+        group.addoption(
+            "--budgetbench-only", action="store_true", dest="budgetbench_only", default=False,
+            help="run only the sweep: its cells, its gates and tests that use budget_cell",
+        )
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -118,7 +123,10 @@ def _check_names(settings: Settings) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     settings = _settings(config)
-    config.addinivalue_line("markers", "budgetbench: a cell of a budget sweep")
+    config.addinivalue_line("markers", "budgetbench: a cell or gate of a budget sweep")
+    from pytest_budgetbench.collect import take_sweep_args
+
+    take_sweep_args(config)
     if not settings.active:
         return
     from pytest_budgetbench.session import WORKER_KEY, BudgetBenchSession
@@ -129,14 +137,40 @@ def pytest_configure(config: pytest.Config) -> None:
         session = BudgetBenchSession(settings, worker_state=state)
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
-    if getattr(config.option, "dist", "no") == "load":
-        # -n alone means "load"; keep an item's cells on one worker, where its caches are.
-        config.option.dist = "loadgroup"
-    if workerinput and workerinput.get(LOADGROUP_KEY):
-        # Workers parse the command line afresh, so they learn of the switch from us.
-        config.option.loadgroup = True
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(SweepPlugin(config, session), "budgetbench-sweep")
+    _narrow_benchmark_table(config)
+
+
+def _narrow_benchmark_table(config: pytest.Config) -> None:
+    """A cell's model call is timed once: spread columns (stddev, IQR, outliers) say
+    nothing, so pytest-benchmark's table shows the time and the round count, unless the
+    command line chose columns. (pytest-benchmark reads the option after this hook.)"""
+    if not hasattr(config.option, "benchmark_columns"):
+        return
+    if any(str(a).startswith("--benchmark-columns") for a in config.invocation_params.args):
+        return
+    config.option.benchmark_columns = ["mean", "rounds"]
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """--budgetbench-only: deselect every test that is not part of the sweep."""
+    from pytest_budgetbench.collect import is_sweep_item, unmatched_selectors
+
+    unmatched = unmatched_selectors(config, items)
+    if unmatched:
+        hint = ("see the ids with: pytest --co -q" if SESSION_KEY in config.stash
+                else "no sweep runs: pass --budgets=N,N")
+        raise pytest.UsageError(f"not found: {', '.join(unmatched)} ({hint})")
+    if not config.getoption("budgetbench_only", False):
+        return
+    keep = [i for i in items if is_sweep_item(i) or _uses_budget_cell(i)]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
+        items[:] = keep
 
 
 class SweepPlugin:
@@ -146,11 +180,40 @@ class SweepPlugin:
         self.config = config
         self.session = session
         self.finish_error = ""
+        self.progress: SweepProgress | None = None
 
-    # -- controller: endpoint up before any cell ---------------------------------------
+    @property
+    def distributed(self) -> bool:
+        return getattr(self.config.option, "dist", "no") != "no"
+
+    @property
+    def controller(self) -> bool:
+        """The process that prints: the only one without xdist, or xdist's controller."""
+        return not self.session.is_worker and not self.config.option.collectonly
+
+    # -- endpoint up before the first cell ---------------------------------------------
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        if self.session.is_worker or self.config.option.collectonly:
+        # xdist's workers need the endpoint when they start; without xdist it waits for
+        # collection, so `pytest tests/test_x.py` with ini budgets starts no model.
+        if self.controller and self.distributed:
+            self._start()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not self.controller or self.distributed:
             return
+        from pytest_budgetbench.collect import is_sweep_item
+
+        swept = [i for i in session.items if is_sweep_item(i) or _uses_budget_cell(i)]
+        if swept and not self.session.started:
+            self._start()
+        self._expect([i for i in session.items if _is_cell_item(i)])
+
+    def _start(self) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and not self.session.settings.endpoint:
+            reporter.write_line(
+                f"Starting the embedded model ({self.session.embedded_description()})…"
+            )
         from pytest_budgetbench.preflight import NothingToRun
 
         try:
@@ -165,7 +228,19 @@ class SweepPlugin:
         from pytest_budgetbench.session import WORKER_KEY
 
         node.workerinput[WORKER_KEY] = self.session.worker_state()
-        node.workerinput[LOADGROUP_KEY] = self.config.option.dist == "loadgroup"
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.option.dist not in ("load", "loadgroup"):
+            return None  # the user chose another distribution; respect it
+        from pytest_budgetbench.collect import make_scheduler
+
+        return make_scheduler(config, log, {c.cell_id: c.group for c in self.session.cells})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if self.progress is None and self.controller:
+            self._expect_ids([i for i in ids if i.startswith("budgetbench::cell[")])
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.session.stop()
@@ -175,62 +250,129 @@ class SweepPlugin:
         concurrency = self.session.settings.concurrency or 1
         if concurrency < 2 or self.session.is_worker or self.config.option.collectonly:
             return
-        if getattr(self.config.option, "dist", "no") != "no":
+        if self.distributed:
             return  # xdist's controller runs no test; its workers run one cell at a time
-        cells = [item.stash[CELL_KEY] for item in session.items if CELL_KEY in item.stash]
-        self.session.prefetch([cell for cell in cells if not self.session.skip_reason(cell)])
+        cells = [c for c in map(item_cell_of, session.items) if c is not None]
+        unique = list({c.cell_id: c for c in cells}.values())
+        self.session.prefetch([cell for cell in unique if not self.session.skip_reason(cell)])
 
-    # -- collection: one Function per cell ---------------------------------------------
-    # tryfirst: pytest's own -k/-m deselection then sees the generated cells too.
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection_modifyitems(
-        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
+    # -- collection: the budgetbench node, its cells and gates --------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
+        report = yield
+        if isinstance(collector, pytest.Session) and report.passed:
+            from pytest_budgetbench.collect import SweepModule, sweep_is_collected
+
+            if sweep_is_collected(self.config, only=self.config.getoption("budgetbench_only")):
+                try:  # bad data is a usage error, not a collection error of one node
+                    self.session.cells, self.session.gates  # noqa: B018 - built once, here
+                except BudgetBenchError as exc:
+                    raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+                # First: the cells run (and are timed) before the tests that read them.
+                report.result.insert(0, SweepModule.for_session(collector))
+        return report
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Cells and gates, and a user's test that asks for ``budget_cell``, are
+        parametrized like any test: once per cell, once per gate."""
         try:
-            cells = self.session.cells
+            if "budget_cell" in metafunc.fixturenames:
+                cells = self.session.cells
+                metafunc.parametrize(
+                    "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
+                )
+            if "budget_gate" in metafunc.fixturenames:
+                gates = self.session.gates
+                metafunc.parametrize(
+                    "budget_gate", gates, ids=[g.gate_id for g in gates], indirect=True
+                )
         except BudgetBenchError as exc:
             raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
-        collector = SweepCollector.from_parent(session, name=COLLECTOR_NAME, nodeid=COLLECTOR_NAME)
-        items.extend(collector.make_item(cell) for cell in cells)
 
-    # -- failures: shown without secrets, in the terminal and in --junitxml --------------
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Gates run after the cells they judge."""
+        from pytest_budgetbench.collect import is_gate_item
+
+        items.sort(key=is_gate_item)
+
+    # -- reports: progress, teststatus, gates ------------------------------------------
+    def _expect(self, cells: list[pytest.Item]) -> None:
+        self._expect_ids([i.nodeid for i in cells], [item_cell_of(i) for i in cells])
+
+    def _expect_ids(self, ids: list[str], cells: list[Cell | None] | None = None) -> None:
+        from collections import Counter
+
+        from pytest_budgetbench.progress import SweepProgress
+
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        interval = self.session.settings.progress
+        if reporter is None or interval == 0 or self.config.get_verbosity() < 0 or not ids:
+            return
+        by_id = {c.cell_id: c.task for c in self.session.cells}
+        tasks = Counter(
+            cell.task if cell is not None else by_id.get(nodeid[nodeid.find("[") + 1:-1], "?")
+            for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
+        )
+        tty = reporter.isatty  # a bool on pytest 8, a method on 9
+        in_place = bool(tty() if callable(tty) else tty) and self.config.get_verbosity() == 0
+        self.progress = SweepProgress(reporter, interval=interval, in_place=in_place)
+        self.progress.expect(dict(tasks))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
+        status = yield
+        if (self.progress is not None and self.progress.in_place and status
+                and report.nodeid.startswith("budgetbench::cell[")):
+            # On a tty the progress row stands for the cells' dots.
+            return (status[0], "", status[2])
+        return status
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not self.controller:
+            return
+        if self.progress is not None and report.when == "call":
+            self.progress.add(report.user_properties)
+        if report.nodeid.startswith("budgetbench::gate[") and report.failed and (
+            report.when == "call"
+        ):
+            # The reason is the report's last line (xdist puts a worker line above it).
+            self.session.gate_failures.append(report.longreprtext.strip().splitlines()[-1])
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Any:
         report = yield
-        if "budget_cell" in getattr(item, "fixturenames", ()):
+        from pytest_budgetbench.collect import is_sweep_item
+
+        if is_sweep_item(item) or _uses_budget_cell(item):
+            # Failures are shown without secrets, in the terminal and in --junitxml.
             from pytest_budgetbench.failures import scrub_report
 
             scrub_report(report, call.excinfo)
+        if is_sweep_item(item):
+            # The heading of a failure names the node id, which can be pasted back.
+            path, lineno, _domain = report.location
+            report.location = (path, lineno, item.nodeid)
         return report
-
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        """A user's test that asks for ``budget_cell`` runs once per cell."""
-        if "budget_cell" not in metafunc.fixturenames:
-            return
-        cells = self.session.cells
-        metafunc.parametrize(
-            "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
-        )
 
     # -- end of session ----------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.session.is_worker or self.config.option.collectonly:
-            return
-        if not self.session.store.cells_path.exists():
+        if not self.controller or not self.session.store.cells_path.exists():
             return
         try:
-            self.session.gate_failures = self.session.finish()
+            self.session.finish()
         except BudgetBenchError as exc:  # e.g. a full disk: one line, not a traceback
             self.finish_error = redact(f"budgetbench: {exc}")
-        if self.session.gate_failures or self.finish_error:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.session.is_worker or self.config.option.collectonly:
-            return
+        if not self.controller or not self.session.started:
+            return  # no sweep item ran (e.g. `pytest tests/test_x.py` with ini budgets)
+        if self.progress is not None:
+            self.progress.close()
         from pytest_budgetbench.reports.terminal import write_summary
 
         write_summary(terminalreporter, self.session)
@@ -238,30 +380,20 @@ class SweepPlugin:
             terminalreporter.write_line(self.finish_error, red=True, bold=True)
 
 
-class SweepCollector(pytest.Collector):
-    """The parent of every generated cell; cells need no test file."""
+def _is_cell_item(item: pytest.Item) -> bool:
+    from pytest_budgetbench.collect import is_sweep_item
 
-    def collect(self) -> list[pytest.Item]:  # pragma: no cover - items are made directly
-        return []
-
-    def make_item(self, cell: Cell) -> pytest.Function:
-        name = f"cell[{cell.cell_id}]"
-        if getattr(self.config.option, "loadgroup", False):
-            # xdist's loadgroup schedules by an "@group" suffix of the node id; it adds one
-            # itself only on pytest < 9.2 (it sets Item._nodeid), so the cell names its own.
-            name += f"@{cell.group}"
-        item = pytest.Function.from_parent(self, name=name, callobj=_run_cell)
-        item.stash[CELL_KEY] = cell
-        item.add_marker(pytest.mark.budgetbench)
-        item.add_marker(pytest.mark.xdist_group(cell.group))
-        return item
+    return is_sweep_item(item) and item.name.startswith("cell[")
 
 
-def _run_cell(budget_cell: CellResult, request: pytest.FixtureRequest) -> None:
-    """The test body of a generated cell: the prompt must have fit its budget."""
-    __tracebackhide__ = True
-    gated = request.config.stash[SESSION_KEY].settings.max_violation_rate is not None
-    assert_within_budget(budget_cell, gated=gated)
+def _uses_budget_cell(item: pytest.Item) -> bool:
+    return "budget_cell" in getattr(item, "fixturenames", ())
+
+
+def item_cell_of(item: pytest.Item) -> Cell | None:
+    from pytest_budgetbench.collect import item_cell
+
+    return item_cell(item)
 
 
 def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
@@ -278,27 +410,50 @@ def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
     raise BudgetExceeded(result.violation)
 
 
+NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "
+            "run this test over the sweep's cells")
+
+
 @pytest.fixture
 def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     """The result of one sweep cell: its row (``.row``), prompt, prediction and quality.
 
     Ask for it in your own test to write assertions over every cell; each such test is
-    parametrized over the sweep's cells. Needs ``--budgets``.
+    parametrized over the sweep's cells. Without a sweep the test is skipped.
     """
     session = request.config.stash.get(SESSION_KEY, None)
     if session is None:
-        raise pytest.UsageError("the budget_cell fixture needs a sweep: pass --budgets=N,N")
-    cell = getattr(request, "param", None) or request.node.stash[CELL_KEY]
+        pytest.skip(NO_SWEEP)
+    cell = request.param
     reason = session.skip_reason(cell)
     if reason:
         pytest.skip(reason)
     timer = _benchmark_timer(request)
-    result = session.run_cell(cell, timer)
+    try:
+        result = session.run_cell(cell, timer)
+    except StrategyAborted as exc:
+        # Its row is written; the run stops as a Ctrl-C would, summary and report included.
+        pytest.exit(redact(str(exc)), returncode=pytest.ExitCode.INTERRUPTED)
     if timer is not None and timer.timed:
         request.getfixturevalue("benchmark").extra_info.update(
             quality=result.quality, counted_tokens=result.row.counted_tokens
         )
     return result
+
+
+@pytest.fixture
+def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
+    """The verdict of one gate item over the cells of its strategy@budget."""
+    from pytest_budgetbench.collect import GateVerdict
+
+    session: BudgetBenchSession = request.config.stash[SESSION_KEY]
+    spec = request.param
+    elsewhere: set[str] = set()
+    if hasattr(request.config, "workerinput"):
+        # Under xdist the selected cells run on every worker; wait for their rows.
+        elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
+                     if c is not None}
+    return GateVerdict(spec, session.judge(spec, elsewhere))
 
 
 def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:
@@ -327,6 +482,9 @@ class _ModelCallTimer:
 
     def __call__(self, call: Callable[[], Any]) -> Any:
         benchmark = self.request.getfixturevalue("benchmark")
+        cell = self.request.param
+        # One table per task and strategy@budget, not one ~200-column table of all cells.
+        benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
         completion = benchmark.pedantic(call, rounds=1, iterations=1)
         benchmark.extra_info["output_tokens"] = completion.completion_tokens
         self.timed = True

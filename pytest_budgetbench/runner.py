@@ -125,6 +125,13 @@ class CellResult:
     reference: bool
     violation: str = ""
 
+    def __repr__(self) -> str:
+        # Short on purpose: a failed assertion in a budget_cell test prints this, and the
+        # full row and prompt would bury the line that matters.
+        quality = "-" if self.quality is None else f"{self.quality:.3f}"
+        return (f"<CellResult {self.cell.cell_id} {self.status} quality={quality} "
+                f"prediction={self.prediction!r}>")
+
     @property
     def status(self) -> str:
         return str(self.row.status)

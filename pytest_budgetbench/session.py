@@ -28,6 +28,7 @@ from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Tim
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cache import ResponseStore
+    from pytest_budgetbench.collect import GateSpec
     from pytest_budgetbench.model import EmbeddedServer
 
 WORKER_KEY = "budgetbench"
@@ -95,9 +96,12 @@ class BudgetBenchSession:
         self.catalog = Catalog(settings)
         self.server: EmbeddedServer | None = None
         self.results: dict[str, CellResult] = {}
+        self.errored: set[str] = set()
         self._pending: dict[str, Future[CellResult]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.gate_failures: list[str] = []
+        """Reasons of the gates that failed, as the controller saw their reports."""
+        self.started = False
         self.report_dir: Path | None = None
         self._runner: Runner | None = None
 
@@ -119,6 +123,16 @@ class BudgetBenchSession:
         }
         preflight.check_tokenizer(settings, self.endpoint)
         self._write_run_info()
+        self.started = True
+
+    def embedded_description(self) -> str:
+        """What starting the embedded model means, for the line printed before it starts."""
+        from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS
+
+        return f"{EMBEDDED_MODEL_ALIAS}, n_ctx {self._embedded_n_ctx()}"
+
+    def _embedded_n_ctx(self) -> int:
+        return wiring.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
 
     def _write_run_info(self) -> None:
         assert self.endpoint is not None
@@ -159,23 +173,24 @@ class BudgetBenchSession:
         return {"run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
                 "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
 
-    def finish(self) -> list[str]:
-        """Write the report of this run and return the gates' failure reasons."""
+    def finish(self) -> None:
+        """Write the report of this run (the gates are test items; see :meth:`judge`)."""
+        if self.settings.report == "off":
+            return
+        self.report_dir = self._build_report(plots=True).out_dir
+
+    def _build_report(self, *, plots: bool) -> Any:
         settings = self.settings
-        if settings.report == "off" and settings.max_violation_rate is None and (
-            settings.baseline is None
-        ):
-            return []
         from pytest_budgetbench import reports
 
         prices = None
         if settings.price_in is not None or settings.price_out is not None:
             prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
         try:
-            report = reports.build_report(
+            return reports.build_report(
                 [self.store.run_dir], self.store.run_dir / "report",
                 reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
-                prices=prices, plots=settings.report == "on",
+                prices=prices, plots=plots and settings.report == "on",
             )
         except OSError as exc:  # a full disk: the cells are safe, only the report is not
             raise RecordError(
@@ -183,15 +198,68 @@ class BudgetBenchSession:
                 f"({exc.strerror or exc}); the cells are intact in {self.store.cells_path}: "
                 f"free space and rebuild it with `budgetbench report {self.store.run_dir}`"
             ) from None
-        self.report_dir = report.out_dir
-        failures: list[str] = []
-        if settings.max_violation_rate is not None:
-            failures += reports.violation_gate(report, settings.max_violation_rate)
-        if settings.baseline is not None and settings.max_regression is not None:
-            failures += reports.regression_gate(
-                report, Path(settings.baseline), settings.max_regression
-            )
-        return failures
+
+    # -- gates -------------------------------------------------------------------------
+    @functools.cached_property
+    def gates(self) -> list[GateSpec]:
+        """The gate items this sweep asked for, one per kind and strategy@budget."""
+        from pytest_budgetbench.collect import gate_specs
+        from pytest_budgetbench.strategies import REGISTRY
+
+        settings = self.settings
+        references = {}
+        for spec in settings.strategies:
+            strategy = REGISTRY.resolve(spec)
+            references[strategy.name or spec] = bool(getattr(strategy, "reference", False))
+        return gate_specs(
+            references, settings.budgets,
+            violation=settings.max_violation_rate is not None,
+            regression=settings.baseline is not None and settings.max_regression is not None,
+        )
+
+    def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> str | None:
+        """A gate's failure reason, or None when it passes.
+
+        Its cells are every cell of its strategy@budget: those this process has not run
+        yet run now (a gate selected alone, e.g. by ``--lf``, judges complete data), and
+        those ``running_elsewhere`` (other xdist workers) are waited for in the records.
+        """
+        cells = [c for c in self.cells if (c.strategy_name or c.strategy) == gate.strategy
+                 and c.budget == gate.budget and not self.skip_reason(c)]
+        for cell in cells:
+            if cell.cell_id not in running_elsewhere and cell.cell_id not in self.errored:
+                try:
+                    self.run_cell(cell)
+                except Exception:  # its error row is what the gate counts
+                    continue
+        waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
+        from pytest_budgetbench import reports
+
+        reason = reports.gate_verdict(
+            self._build_report(plots=False), gate.kind, gate.strategy, gate.budget,
+            max_rate=self.settings.max_violation_rate, max_regression=self.settings.max_regression,
+            baseline=Path(self.settings.baseline) if self.settings.baseline else None,
+        )
+        if waiting:
+            stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"
+            reason = f"{reason}; {stalled}" if reason else f"{gate.gate_id}: {stalled}"
+        return reason
+
+    def _await_rows(self, cell_ids: set[str]) -> set[str]:
+        """Wait until other processes recorded a row for each cell; give up once the
+        records stop growing for longer than one cell may take. Returns the missing ids."""
+        stall_s = self.settings.timeout * self.settings.retries + 60.0
+        last_size, last_change = -1, time.monotonic()
+        while True:
+            missing = cell_ids - {row.get("cell_id") for row in self.store.rows()}
+            if not missing:
+                return set()
+            size = self.store.cells_path.stat().st_size if self.store.cells_path.exists() else 0
+            if size != last_size:
+                last_size, last_change = size, time.monotonic()
+            elif time.monotonic() - last_change > stall_s:
+                return missing
+            time.sleep(0.2)
 
     def stop(self) -> None:
         if self._pool is not None:
@@ -250,7 +318,11 @@ class BudgetBenchSession:
     def run_cell(self, cell: Cell, timer: Timer | None = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""
         if cell.cell_id not in self.results:
-            self.results[cell.cell_id] = self._result(cell, timer)
+            try:
+                self.results[cell.cell_id] = self._result(cell, timer)
+            except Exception:
+                self.errored.add(cell.cell_id)  # recorded as an error row; a gate skips it
+                raise
         return self.results[cell.cell_id]
 
     def _result(self, cell: Cell, timer: Timer | None) -> CellResult:

@@ -61,6 +61,10 @@ class FakeOpenAI:
         self.injected: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.tokenize_routes: set[str] = set()
+        """Tokenizer routes it serves: "vllm" (/tokenize, messages in, count out),
+        "extras" (llama-cpp-python's /extras/tokenize, text in, tokens out), "llama.cpp"
+        (/tokenize, content in, tokens out). None by default."""
         self._random: random.Random | None = None
         self._rate = 0.0
         self._kinds: tuple[str, ...] = ()
@@ -136,7 +140,10 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 payload = json.loads(self.rfile.read(length) or b"{}")
-                if not self._route().endswith("/chat/completions"):
+                route = self._route()
+                if self._tokenize(route, payload):
+                    return
+                if not route.endswith("/chat/completions"):
                     self._send(404, b'{"error": "not found"}')
                     return
                 fake.requests.append(payload)
@@ -145,6 +152,25 @@ class FakeOpenAI:
                     self._answer(payload)
                 finally:
                     fake._leave()
+
+            def _tokenize(self, path: str, payload: dict[str, Any]) -> bool:
+                counter = ApproxCounter()
+                routes = fake.tokenize_routes
+                if path == "/tokenize" and "vllm" in routes and "model" in payload:
+                    count = (counter.count_messages(payload["messages"]) if "messages" in payload
+                             else counter.count_text(payload["prompt"]))
+                    self._send(200, json.dumps({"count": count}).encode())
+                elif path == "/tokenize" and "llama.cpp" in routes:
+                    # Like llama.cpp's server: no "content", no tokens (and still 200).
+                    text = payload.get("content", "")
+                    tokens = list(range(counter.count_text(text))) if text else []
+                    self._send(200, json.dumps({"tokens": tokens}).encode())
+                elif path == "/extras/tokenize" and "extras" in routes:
+                    tokens = list(range(counter.count_text(payload["input"])))
+                    self._send(200, json.dumps({"tokens": tokens}).encode())
+                else:
+                    return False
+                return True
 
             def _answer(self, payload: dict[str, Any]) -> None:
                 fault = fake.next_fault()

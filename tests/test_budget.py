@@ -15,11 +15,13 @@ from pytest_budgetbench.budget import (
     BudgetCheck,
     GGUFCounter,
     HFCounter,
+    ServerCounter,
     TokenCounter,
     enforce,
 )
 from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
 from pytest_budgetbench.messages import Message
+from tests.fake_openai import FakeOpenAI
 
 
 class WordCounter(TokenCounter):
@@ -250,3 +252,51 @@ def test_a_prompt_is_tokenized_once_however_often_it_is_counted(
     counter.count_messages(prompts[2])  # the cache holds two: prompts[0] goes
     counter.count_messages(prompts[0])
     assert len(calls) == 4
+
+
+# -- server: the endpoint's own tokenizer route, discovered ------------------------------
+def _served(routes: set[str]) -> FakeOpenAI:
+    server = FakeOpenAI().start()
+    server.tokenize_routes = routes
+    return server
+
+
+@pytest.mark.parametrize(
+    ("routes", "route", "exact"),
+    [({"vllm"}, "/tokenize", True), ({"extras"}, "/extras/tokenize", False),
+     ({"vllm", "extras"}, "/tokenize", True), ({"llama.cpp", "extras"}, "/extras/tokenize", False)],
+)
+def test_server_counter_finds_the_route_the_endpoint_answers(
+    routes: set[str], route: str, exact: bool
+) -> None:
+    server = _served(routes)
+    try:
+        counter = ServerCounter(server.base_url, server.model)
+        text = "one two three four five six seven"
+        assert counter.count_text(text) == ApproxCounter().count_text(text)
+        prompt = [{"role": "user", "content": text}]
+        assert counter.count_messages(prompt) == ApproxCounter().count_messages(prompt)
+        assert (counter.route, counter.exact, counter.name) == (route, exact, f"server:{route}")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("routes", "hint"),
+    [(set(), "hf:PATH (exact) or approx"), ({"llama.cpp"}, "gguf:<the served .gguf file>")],
+)
+def test_auto_tokenizer_without_a_route_says_what_it_tried_and_what_to_pass(
+    routes: set[str], hint: str
+) -> None:
+    from pytest_budgetbench.runner import Endpoint
+    from pytest_budgetbench.session import make_counter
+
+    server = _served(routes)
+    try:
+        with pytest.raises(TokenizerError) as excinfo:
+            make_counter("auto", Endpoint(base_url=server.base_url, model=server.model))
+    finally:
+        server.stop()
+    message = str(excinfo.value)
+    assert "/tokenize: HTTP" in message and "/extras/tokenize: HTTP 404" in message
+    assert hint in message

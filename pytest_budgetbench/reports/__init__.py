@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     )
     from pytest_budgetbench.reports.gates import (
         check_baseline_comparable,
+        gate_verdict,
         regression_gate,
         violation_gate,
     )
@@ -35,6 +36,7 @@ _EXPORTS = {
     "ReportExtension": "extensions",
     "register_report_extension": "extensions",
     "violation_gate": "gates",
+    "gate_verdict": "gates",
     "regression_gate": "gates",
     "check_baseline_comparable": "gates",
     "ReportError": "load",
@@ -52,6 +54,7 @@ __all__ = [
     "ReportSettings",
     "build_report",
     "check_baseline_comparable",
+    "gate_verdict",
     "register_report_extension",
     "regression_gate",
     "violation_gate",

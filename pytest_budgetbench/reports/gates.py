@@ -33,14 +33,61 @@ def violation_gate(report: Report, max_rate: float) -> list[str]:
         ran = int(counts["n_ok"] + counts["n_violation"])
         if ran == 0:
             continue
-        rate = int(counts["n_violation"]) / ran
-        if rate > max_rate + _EPS:
-            reasons.append(
-                f"{strategy}@{budget}: violation rate {rate:.1%} "
-                f"({int(counts['n_violation'])}/{ran} prompts) exceeds the maximum "
-                f"{max_rate:.1%} by {100 * (rate - max_rate):.1f} percentage points"
-            )
+        reason = _violation_reason(f"{strategy}@{budget}", int(counts["n_violation"]), ran,
+                                   max_rate)
+        if reason:
+            reasons.append(reason)
     return reasons
+
+
+def _violation_reason(label: str, violations: int, ran: int, max_rate: float) -> str | None:
+    rate = violations / ran
+    if rate <= max_rate + _EPS:
+        return None
+    return (
+        f"{label}: violation rate {rate:.1%} ({violations}/{ran} prompts) exceeds the "
+        f"maximum {max_rate:.1%} by {100 * (rate - max_rate):.1f} percentage points"
+    )
+
+
+def gate_verdict(
+    report: Report,
+    kind: str,
+    strategy: str,
+    budget: int,
+    *,
+    max_rate: float | None = None,
+    max_regression: float | None = None,
+    baseline: Path | None = None,
+) -> str | None:
+    """One gate item's verdict over one strategy@budget: its failure reason, or None.
+
+    ``kind`` is "violation-rate" or "regression". A gate that has nothing to judge (every
+    cell errored, or none ran) fails and says so: a gate that passes on no data guards
+    nothing.
+    """
+    label = f"{strategy}@{budget}"
+    summary = report.summary
+    mine = summary.loc[(summary["strategy"] == strategy) & (summary["budget"] == budget)]
+    if "category" in mine.columns:
+        mine = mine.loc[mine["category"].isna()]
+    n_ok = int(mine["n_ok"].sum()) if not mine.empty else 0
+    n_violation = int(mine["n_violation"].sum()) if not mine.empty else 0
+    n_error = int(mine["n_error"].sum()) if not mine.empty else 0
+    if kind == "violation-rate":
+        assert max_rate is not None
+        if n_ok + n_violation == 0:
+            return (f"{label}: no cell was admitted or over budget ({n_error} errored, "
+                    "see cells.jsonl), so there is no violation rate to judge")
+        return _violation_reason(label, n_violation, n_ok + n_violation, max_rate)
+    assert baseline is not None and max_regression is not None
+    if n_ok + n_violation == 0:
+        return (f"{label}: no cell was admitted or over budget ({n_error} errored, see "
+                "cells.jsonl), so there is nothing to compare with the baseline")
+    reasons = regression_gate(report, baseline, max_regression)
+    mine_reasons = [r for r in reasons if r.split(": ", 1)[-1].startswith(f"{label}: ")
+                    or r.startswith("regression gate:")]
+    return "; ".join(mine_reasons) or None
 
 
 def regression_gate(

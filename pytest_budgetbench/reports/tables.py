@@ -69,16 +69,47 @@ class Reference:
         return cls(strategy=strategy, budget=budget)
 
     def resolve(self, task_items: pd.DataFrame) -> tuple[str, int] | None:
-        """The (strategy, budget) of the reference in one task, or None if it did not run."""
+        """The (strategy, budget) of the reference in one task, or None if it did not run.
+
+        The default (no strategy given) falls back to the cell that pairs: see
+        :func:`pairing_reference`. A reference the user named is kept as named.
+        """
         strategy = self.strategy or _default_reference_strategy(task_items)
         if strategy is None:
             return None
         budgets = task_items.loc[task_items["strategy"] == strategy, "budget"]
         if budgets.empty:
             return None
+        if self.strategy is None:
+            return pairing_reference((strategy, int(budgets.max())), admitted_counts(task_items))
         if self.budget is None:
             return strategy, int(budgets.max())
         return (strategy, self.budget) if (budgets == self.budget).any() else None
+
+
+def admitted_counts(task_items: pd.DataFrame) -> dict[tuple[str, int], int]:
+    """Items admitted and scored per (strategy, budget): what a reference can pair on."""
+    scored = task_items.loc[(task_items["status"] == ADMITTED) & task_items["quality"].notna()]
+    counts = scored.groupby(["strategy", "budget"], observed=True).size()
+    return {(str(strategy), int(budget)): int(n)
+            for (strategy, budget), n in zip(counts.index.tolist(), counts.tolist(), strict=True)}
+
+
+def pairing_reference(
+    default: tuple[str, int] | None, admitted: Mapping[tuple[str, int], int]
+) -> tuple[str, int] | None:
+    """The default reference when it admitted an item; otherwise the cell that admitted
+    the most items (ties: the larger budget, then the strategy name), so that the paired
+    table pairs something. ``default`` stays (and pairs nothing) when no cell admitted any.
+
+    Example: full_context's memory histories are ~3.2K tokens, so at --budgets=512,2048
+    it admits nothing and truncation@2048, which admits every item, becomes the reference.
+    """
+    if default is not None and admitted.get(default, 0) > 0:
+        return default
+    ranked = sorted((cell for cell, n in admitted.items() if n > 0),
+                    key=lambda cell: (-admitted[cell], -cell[1], cell[0]))
+    return ranked[0] if ranked else default
 
 
 def _default_reference_strategy(task_items: pd.DataFrame) -> str | None:

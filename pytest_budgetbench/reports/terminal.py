@@ -1,7 +1,8 @@
 """The terminal summary printed at the end of a sweep.
 
-Pure Python on purpose: it runs at every session end, where pandas would cost a second
-of import time.
+No pandas on purpose: it runs at every session end, where pandas would cost a second of
+import time. The quality interval is the report's seeded bootstrap (numpy only), over the
+admitted, scored rows of each task, strategy and budget.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class CellStats:
     violations: int
     errors: int
     mean_quality: float | None
+    quality_lo: float | None
+    quality_hi: float | None
     mean_tokens: float | None
     median_model_s: float | None
     token_mismatches: int
@@ -37,20 +40,37 @@ class CellStats:
         return self.violations / judged if judged else 0.0
 
 
-def cell_stats(rows: Iterable[Mapping[str, Any]]) -> list[CellStats]:
+def cell_stats(
+    rows: Iterable[Mapping[str, Any]], *, resamples: int = 2000, seed: int = 0
+) -> list[CellStats]:
     """Aggregate rows per (task, strategy, budget), in a stable order."""
     groups: dict[tuple[str, str, int], list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["task"], row["strategy"], int(row["budget"]))].append(row)
-    return [_stats(key, groups[key]) for key in sorted(groups)]
+    return [_stats(key, groups[key], resamples, seed) for key in sorted(groups)]
+
+
+def _interval(
+    scores: list[float], key: tuple[str, str, int], resamples: int, seed: int
+) -> tuple[float | None, float | None]:
+    if len(scores) < 2:
+        return None, None
+    from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
+
+    lo, hi = bootstrap_ci(scores, resamples=resamples, rng=cell_rng(seed, "quality", *key))
+    return float(lo), float(hi)
 
 
 def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _stats(key: tuple[str, str, int], rows: list[Mapping[str, Any]]) -> CellStats:
+def _stats(
+    key: tuple[str, str, int], rows: list[Mapping[str, Any]], resamples: int, seed: int
+) -> CellStats:
     admitted = [r for r in rows if r["status"] == "ok"]
+    scores = [float(r["quality"]) for r in admitted if r.get("quality") is not None]
+    lo, hi = _interval(scores, key, resamples, seed)
     return CellStats(
         task=key[0],
         strategy=key[1],
@@ -60,7 +80,9 @@ def _stats(key: tuple[str, str, int], rows: list[Mapping[str, Any]]) -> CellStat
         ok=len(admitted),
         violations=sum(r["status"] == "violation" for r in rows),
         errors=sum(r["status"] == "error" for r in rows),
-        mean_quality=_mean([float(r["quality"]) for r in admitted if r.get("quality") is not None]),
+        mean_quality=_mean(scores),
+        quality_lo=lo,
+        quality_hi=hi,
         mean_tokens=_mean([float(r["counted_tokens"]) for r in admitted]),
         median_model_s=(
             statistics.median([float(r["model_s"]) for r in admitted]) if admitted else None
@@ -73,15 +95,22 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ci(s: CellStats) -> str:
+    if s.quality_lo is None or s.quality_hi is None:
+        return "-"
+    return f"[{s.quality_lo:.2f}, {s.quality_hi:.2f}]"
+
+
 def format_table(stats: list[CellStats]) -> list[str]:
-    header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'quality':>8} {'viol.rate':>9} "
-              f"{'tokens':>8} {'p50 model s':>11} {'errors':>6}")
+    header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
+              f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
+              f"{'errors':>6}")
     lines = [header, "-" * len(header)]
     for s in stats:
         name = s.strategy + (" (ref)" if s.reference else "")
         lines.append(
-            f"{name:<22} {s.budget:>7} {s.n:>4} {_fmt(s.mean_quality, '.3f'):>8} "
-            f"{s.violation_rate:>9.3f} {_fmt(s.mean_tokens, '.0f'):>8} "
+            f"{name:<22} {s.budget:>7} {s.n:>4} {s.ok:>8} {_fmt(s.mean_quality, '.3f'):>8} "
+            f"{_ci(s):>12} {s.violation_rate:>9.3f} {_fmt(s.mean_tokens, '.0f'):>8} "
             f"{_fmt(s.median_model_s, '.2f'):>11} {s.errors:>6}"
         )
     return lines
@@ -95,12 +124,16 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
     if not rows:
         terminalreporter.write_line(f"no cells recorded; run directory: {session.store.run_dir}")
         return
-    stats = cell_stats(rows)
+    settings = session.settings
+    stats = cell_stats(rows, resamples=settings.resamples, seed=settings.seed)
     for task in sorted({s.task for s in stats}):
         terminalreporter.write_line(f"task {task}:")
         for line in format_table([s for s in stats if s.task == task]):
             terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows, stats)
+    if session.settings.reference is None:
+        for line in reference_notes(rows):
+            terminalreporter.write_line(line, yellow=True)
     cached = sum(1 for r in rows if r.get("cached"))
     if cached:
         terminalreporter.write_line(
@@ -112,6 +145,46 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
     terminalreporter.write_line(f"run directory: {session.store.run_dir}")
     if session.report_dir is not None:
         terminalreporter.write_line(f"report: {session.report_dir / 'report.html'}")
+
+
+def reference_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per task whose default reference (full_context at its largest budget)
+    admitted no item: which cell the paired table uses instead, or why it is empty."""
+    from pytest_budgetbench.reports.tables import DEFAULT_REFERENCE, pairing_reference
+
+    notes = []
+    for task in sorted({r["task"] for r in rows}):
+        mine = [r for r in rows if r["task"] == task]
+        flagged = sorted({r["strategy"] for r in mine if r.get("reference")})
+        names = {r["strategy"] for r in mine}
+        strategy = DEFAULT_REFERENCE if DEFAULT_REFERENCE in names else (flagged or [None])[0]
+        if strategy is None:
+            continue
+        default = (strategy, max(int(r["budget"]) for r in mine if r["strategy"] == strategy))
+        admitted: dict[tuple[str, int], int] = defaultdict(int)
+        for r in mine:
+            if r["status"] == "ok" and r.get("quality") is not None:
+                admitted[(r["strategy"], int(r["budget"]))] += 1
+        chosen = pairing_reference(default, admitted)
+        label = f"{default[0]}@{default[1]}"
+        if chosen == default and admitted.get(default, 0):
+            continue
+        if chosen != default and chosen is not None:
+            notes.append(
+                f"task {task}: the default reference {label} admitted no item, so the paired "
+                f"table pairs against {chosen[0]}@{chosen[1]}, the cell that admitted the most "
+                f"items ({admitted[chosen]}); choose with --budgetbench-reference=STRATEGY@BUDGET"
+            )
+            continue
+        needed = [int(r["counted_tokens"]) for r in mine if (r["strategy"], int(r["budget"]))
+                  == default and r.get("counted_tokens")]
+        size = f" (its prompts need up to {max(needed)} tokens)" if needed else ""
+        notes.append(
+            f"task {task}: the paired table is empty: no cell admitted an item, the "
+            f"reference {label} included{size}; pass a larger budget in --budgets, or "
+            "--budgetbench-reference=STRATEGY@BUDGET of a cell that admits items"
+        )
+    return notes
 
 
 def _write_warnings(

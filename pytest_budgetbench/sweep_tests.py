@@ -1,0 +1,34 @@
+"""The sweep's test functions. pytest collects this module under the ``budgetbench``
+node (see :mod:`pytest_budgetbench.collect`) and parametrizes each function the way it
+parametrizes any test: ``cell`` once per cell, ``gate`` once per gate that was asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.collect import GateVerdict
+    from pytest_budgetbench.runner import CellResult
+
+pytestmark = [pytest.mark.budgetbench]
+
+
+def cell(budget_cell: CellResult, request: pytest.FixtureRequest) -> None:
+    """One cell: the prompt must have fit its budget."""
+    __tracebackhide__ = True
+    from pytest_budgetbench.plugin import SESSION_KEY, assert_within_budget
+    from pytest_budgetbench.progress import cell_properties
+
+    # The progress line reads these off the report, in this process or through xdist.
+    request.node.user_properties.extend(cell_properties(budget_cell))
+    settings = request.config.stash[SESSION_KEY].settings
+    assert_within_budget(budget_cell, gated=settings.max_violation_rate is not None)
+
+
+def gate(budget_gate: GateVerdict) -> None:
+    """One gate over the cells of one strategy@budget; fails with its one-line reason."""
+    if budget_gate.failure:
+        pytest.fail(budget_gate.failure, pytrace=False)
