@@ -69,3 +69,37 @@ def build_cells(
                         name = (names or {}).get(strategy, strategy)
                         cells.append(Cell(task, index, item_id, strategy, budget, repeat, name))
     return cells
+
+
+# -- gates: a verdict over every cell of one strategy@budget ---------------------------
+VIOLATION_GATE = "violation-rate"
+REGRESSION_GATE = "regression"
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """One gate item: a kind over one strategy@budget, pooled over tasks."""
+
+    kind: str
+    strategy: str
+    """The strategy's own name, as rows record it."""
+    budget: int
+
+    @property
+    def gate_id(self) -> str:
+        return f"{self.kind} {self.strategy}@{self.budget}"
+
+
+def gate_specs(
+    strategies: dict[str, bool], budgets: tuple[int, ...], *, violation: bool, regression: bool
+) -> list[GateSpec]:
+    """The gates a sweep asked for. ``strategies`` maps each strategy's name to whether it
+    is a reference (references may overflow, so no violation-rate gate judges them)."""
+    specs = []
+    for budget in budgets:
+        for name, reference in strategies.items():
+            if violation and not reference:
+                specs.append(GateSpec(VIOLATION_GATE, name, budget))
+            if regression:
+                specs.append(GateSpec(REGRESSION_GATE, name, budget))
+    return specs

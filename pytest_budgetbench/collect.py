@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_budgetbench.cells import GateSpec
+
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
 
@@ -109,7 +111,7 @@ class SweepModule(pytest.Module):
         return False
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
-        from pytest_budgetbench.plugin import SESSION_KEY
+        from pytest_budgetbench.sweep_tests import SESSION_KEY
 
         session = self.config.stash[SESSION_KEY]
         # A function with no parameter sets would become one skipped placeholder item.
@@ -150,43 +152,10 @@ def is_gate_item(item: pytest.Item) -> bool:
 
 
 # -- gates ------------------------------------------------------------------------------
-VIOLATION_GATE = "violation-rate"
-REGRESSION_GATE = "regression"
-
-
-@dataclass(frozen=True)
-class GateSpec:
-    """One gate item: a kind over one strategy@budget, pooled over tasks."""
-
-    kind: str
-    strategy: str
-    """The strategy's own name, as rows record it."""
-    budget: int
-
-    @property
-    def gate_id(self) -> str:
-        return f"{self.kind} {self.strategy}@{self.budget}"
-
-
 @dataclass(frozen=True)
 class GateVerdict:
     spec: GateSpec
     failure: str | None
-
-
-def gate_specs(
-    strategies: dict[str, bool], budgets: tuple[int, ...], *, violation: bool, regression: bool
-) -> list[GateSpec]:
-    """The gates a sweep asked for. ``strategies`` maps each strategy's name to whether it
-    is a reference (references may overflow, so no violation-rate gate judges them)."""
-    specs = []
-    for budget in budgets:
-        for name, reference in strategies.items():
-            if violation and not reference:
-                specs.append(GateSpec(VIOLATION_GATE, name, budget))
-            if regression:
-                specs.append(GateSpec(REGRESSION_GATE, name, budget))
-    return specs
 
 
 # -- xdist ------------------------------------------------------------------------------

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, load_settings
-from pytest_budgetbench.errors import BudgetBenchError, BudgetExceeded, StrategyAborted
+from pytest_budgetbench.errors import BudgetBenchError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
+from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
 
-SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
+__all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
+
 DECLARED_KEY = pytest.StashKey[list[OptionSpec]]()
 """The flags tasks and strategies declare, as registered for this run."""
 
@@ -394,20 +396,6 @@ def item_cell_of(item: pytest.Item) -> Cell | None:
     from pytest_budgetbench.collect import item_cell
 
     return item_cell(item)
-
-
-def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
-    """Fail a cell over budget. A reference strategy's violation is xfailed instead, and so
-    is any violation when a --budgetbench-max-violation-rate gate judges them in aggregate.
-    """
-    __tracebackhide__ = True
-    if result.status != "violation":
-        return
-    if result.reference:
-        pytest.xfail(f"reference strategy over budget: {result.violation}")
-    if gated:
-        pytest.xfail(f"counted by --budgetbench-max-violation-rate: {result.violation}")
-    raise BudgetExceeded(result.violation)
 
 
 NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench import preflight, wiring
-from pytest_budgetbench.cells import Cell, build_cells
+from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError
 from pytest_budgetbench.messages import Message
@@ -28,7 +28,6 @@ from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Tim
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cache import ResponseStore
-    from pytest_budgetbench.collect import GateSpec
     from pytest_budgetbench.model import EmbeddedServer
 
 WORKER_KEY = "budgetbench"
@@ -203,7 +202,6 @@ class BudgetBenchSession:
     @functools.cached_property
     def gates(self) -> list[GateSpec]:
         """The gate items this sweep asked for, one per kind and strategy@budget."""
-        from pytest_budgetbench.collect import gate_specs
         from pytest_budgetbench.strategies import REGISTRY
 
         settings = self.settings

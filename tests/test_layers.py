@@ -24,7 +24,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),
-    ("plugin", "cli", "collect", "progress", "failures", "arguments", "train_router"),
+    ("progress", "failures", "arguments"),
+    ("sweep_tests",),
+    ("collect",),
+    ("plugin", "cli", "train_router"),
 )
 # Subpackages of one layer that must not import one another.
 SIBLINGS = ("tasks", "strategies", "reports")
