@@ -197,7 +197,13 @@ class GGUFCounter(TokenCounter):
         if not path.is_file():
             raise TokenizerError(f"GGUF tokenizer file not found: {path}")
         self.name = f"gguf:{path.name}"
-        self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        try:
+            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        except ValueError as exc:  # llama.cpp's "Failed to load model from file"
+            raise TokenizerError(
+                f"{path} is not a GGUF file llama.cpp can read ({exc}); pass the served "
+                "model's .gguf"
+            ) from None
         metadata = self._llama.metadata
         template = metadata.get("tokenizer.chat_template")
         if not template:

@@ -37,6 +37,11 @@ BUDGETS_OFF = "off"
 """``--budgets=off``: no sweep, even when the ini sets budgets."""
 
 
+MAX_BUDGET = 10_000_000
+"""The largest budget taken: the longest context windows served today are about 10M
+tokens, so a larger number is a typo (an extra digit, a pasted byte count)."""
+
+
 def parse_budgets(raw: str) -> tuple[int, ...]:
     if raw.strip() == BUDGETS_OFF:
         return ()
@@ -48,8 +53,17 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
                 f"--budgets must be positive token counts separated by commas, "
                 f"e.g. --budgets=2048,8192, or off (got {part!r} in {raw!r})"
             )
+        if int(part) > MAX_BUDGET:
+            raise ConfigError(
+                f"--budgets={raw}: {part} tokens is more than any served model takes in one "
+                f"prompt; budgets go up to {MAX_BUDGET:,}"
+            )
+        if int(part) in budgets:
+            raise ConfigError(
+                f"--budgets={raw}: {part} is given twice; list each budget once"
+            )
         budgets.append(int(part))
-    return tuple(sorted(set(budgets)))
+    return tuple(sorted(budgets))
 
 
 def _positive_int(option: str) -> Callable[[str], int]:
@@ -438,7 +452,7 @@ class Settings:
         return recorded
 
 
-def _ini_text(raw: Any) -> str:
+def ini_text(raw: Any) -> str:
     """A TOML list (``[512, 2048]``) or a spaced ini line as the comma-separated text the
     command line takes."""
     if isinstance(raw, (list, tuple)):
@@ -465,11 +479,11 @@ def load_settings(
             raw = get_ini(spec.ini) or None
         if raw is None and spec.env:
             raw = os.environ.get(spec.env) or None
-        value = spec.default if raw is None else spec.parse(_ini_text(raw))
+        value = spec.default if raw is None else spec.parse(ini_text(raw))
         if not spec.section:
             values[spec.dest] = value
         elif raw is not None:
-            sections[spec.section][spec.key] = _ini_text(raw).strip()
+            sections[spec.section][spec.key] = ini_text(raw).strip()
     settings = Settings(**values, data_paths=sections["data"], task_flags=sections["task"],
                         strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):

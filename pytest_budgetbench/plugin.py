@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, load_settings
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, ini_text, load_settings
 from pytest_budgetbench.errors import BudgetBenchError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
@@ -63,7 +63,7 @@ def _named(config: pytest.Config, dest: str) -> list[str]:
     raw = getattr(config.known_args_namespace, f"budgetbench_{dest}", None)
     if raw is None:
         raw = config.getini(f"budgetbench_{dest}") or ""
-    return [part.strip() for part in str(raw).split(",") if part.strip()]
+    return [part.strip() for part in ini_text(raw).split(",") if part.strip()]
 
 
 def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
@@ -266,8 +266,13 @@ class SweepPlugin:
             from pytest_budgetbench.collect import SweepModule, sweep_is_collected
 
             if sweep_is_collected(self.config, only=self.config.getoption("budgetbench_only")):
+                from pytest_budgetbench.preflight import NothingToRun, check_not_empty
+
                 try:  # bad data is a usage error, not a collection error of one node
-                    self.session.cells, self.session.gates  # noqa: B018 - built once, here
+                    check_not_empty(self.session.settings, self.session.cells)
+                    self.session.gates  # noqa: B018 - built once, here
+                except NothingToRun as exc:
+                    pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
                 except BudgetBenchError as exc:
                     raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
                 # First: the cells run (and are timed) before the tests that read them.

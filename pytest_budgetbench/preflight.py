@@ -15,7 +15,7 @@ write) is stopped at the start instead, with one line, and before anything is wr
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -127,16 +127,25 @@ def _check_out_dir(out: Path) -> None:
 
 
 def _check_writable(flag: str, path: Path) -> None:
-    """``path`` could be created: its nearest existing ancestor is a writable directory
-    (checked without creating anything)."""
+    """``path`` could be created: its nearest existing ancestor is a directory that takes a
+    file. Tried with an unnamed temporary file, which leaves nothing behind (os.access says
+    yes to root everywhere, /proc included)."""
     ancestor = path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+    if not ancestor.is_dir() or not _takes_a_file(ancestor):
         raise ConfigError(
             f"{flag}={path.parent if flag == '--budgetbench-out' else path}: cannot be "
             f"written ({ancestor} is not a writable directory); pass a path you can write"
         )
+
+
+def _takes_a_file(directory: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def _check_embedding_model(settings: Settings) -> None:
@@ -153,15 +162,21 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
     a DataError or ConfigError naming the file)."""
     for task in settings.tasks:
         catalog.items(task)
-    if not cells:
-        if settings.shard is not None:
-            index, count = settings.shard
-            raise NothingToRun(
-                f"budgetbench: shard {index}/{count} holds no item (the sweep has fewer "
-                f"items than shards); nothing to run"
-            )
-        raise ConfigError("the sweep holds no cell: its tasks loaded no item")
+    check_not_empty(settings, cells)
     _check_baseline(settings, cells)
+
+
+def check_not_empty(settings: Settings, cells: list[Cell]) -> None:
+    """An empty shard is NothingToRun (exit 0, one line); an empty sweep is an error."""
+    if cells:
+        return
+    if settings.shard is not None:
+        index, count = settings.shard
+        raise NothingToRun(
+            f"budgetbench: shard {index}/{count} holds no item (the sweep has fewer items "
+            "than shards); nothing to run"
+        )
+    raise ConfigError("the sweep holds no cell: its tasks loaded no item")
 
 
 def _check_baseline(settings: Settings, cells: list[Cell]) -> None:

@@ -45,12 +45,19 @@ _lock = threading.Lock()
 _secrets: set[str] = set()
 
 
+MIN_SECRET_LENGTH = 8
+"""Shorter values are not masked as free text: a URL's user name "user" or password "pw"
+would otherwise be masked in every prompt and row (``"role": "user"``). Where they stand
+in a URL or a credential header they are still masked by its shape."""
+
+
 def register_secret(value: str | None) -> Secret | None:
     """Remember ``value`` as a secret of this process; returns it as a :class:`Secret`."""
     if not value:
         return None
-    with _lock:
-        _secrets.add(str(value))
+    if len(str(value)) >= MIN_SECRET_LENGTH:
+        with _lock:
+            _secrets.add(str(value))
     return value if isinstance(value, Secret) else Secret(value)
 
 

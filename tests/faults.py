@@ -329,8 +329,8 @@ def planted_secrets(workdir: Path, items: int = 3) -> list[FaultTally]:
             started = time.monotonic()
             code = run_sweep(run_root, command)
             runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-            # Without a /tokenize route nothing can be counted: no cell runs (the count is
-            # not yet inside a cell's guarded part), so only the secrets are judged.
+            # Without a tokenize route nothing can be counted: the sweep stops before its
+            # first cell with one usage line, so only the secrets are judged.
             expected = expected_cells(items) if tokenizer == "approx" else set()
             results.append(tally(label, len(fake.injected) - before + len(PLANTED),
                                  runs[0] if runs else None, expected, code,

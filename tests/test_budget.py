@@ -289,7 +289,7 @@ def test_auto_tokenizer_without_a_route_says_what_it_tried_and_what_to_pass(
     routes: set[str], hint: str
 ) -> None:
     from pytest_budgetbench.runner import Endpoint
-    from pytest_budgetbench.session import make_counter
+    from pytest_budgetbench.wiring import make_counter
 
     server = _served(routes)
     try:

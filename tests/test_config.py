@@ -95,7 +95,7 @@ def test_declared_flag_reads_its_ini_and_env(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("2048", (2048,)), ("8192, 2048,2048,512", (512, 2048, 8192)), (" 4096 ", (4096,))],
+    [("2048", (2048,)), ("8192, 2048,512", (512, 2048, 8192)), (" 4096 ", (4096,))],
 )
 def test_budgets_are_sorted_and_deduplicated(raw: str, expected: tuple[int, ...]) -> None:
     assert parse_budgets(raw) == expected

@@ -81,8 +81,10 @@ def test_planted_secrets_reach_no_artifact_stdout_or_junit(tmp_path: Path) -> No
         assert result.clean, result
     # The echoing server was hit, and the query-string endpoint still answered cells.
     assert echoed.faults_injected > len(faults.PLANTED) and echoed.completed > 0
-    junit = (tmp_path / "auto" / "junit.xml").read_text()
-    assert "TokenizerError" in junit  # the error is there, its secrets are not
+    # Stopped up front, with one line that names the tokenizer and holds no secret.
+    assert auto.exit_code == server.exit_code == pytest.ExitCode.USAGE_ERROR
+    output = (tmp_path / "auto" / "last-output.txt").read_text()
+    assert "--budgetbench-tokenizer=auto" in output and "Traceback" not in output
 
 
 def test_extreme_retry_after_values_neither_overflow_nor_sleep_past_the_cap(

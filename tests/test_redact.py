@@ -204,3 +204,14 @@ def test_the_token_server_error_names_no_credentials(fake: FakeOpenAI) -> None:
     message = str(info.value)
     _assert_clean(message)
     assert "\n" not in message and "/tokenize" in message
+
+
+def test_short_url_credentials_do_not_mask_ordinary_words() -> None:
+    # A user name "user" must not turn every chat role into "***"; the URL itself still
+    # loses its user info.
+    register_url("http://user:pw@example.test/v1")
+    try:
+        assert redact('{"role": "user", "content": "pw"}') == '{"role": "user", "content": "pw"}'
+        assert "user:pw" not in redact("calling http://user:pw@example.test/v1/models")
+    finally:
+        forget_secrets()
