@@ -333,6 +333,8 @@ class ServerCounter(TokenCounter):
 
     def _discover(self) -> None:
         """Try each route with a one-word text; keep the first that answers with a count."""
+        import httpx
+
         tried: list[str] = []
         llama_cpp = False
         for route in self.ROUTES:
@@ -346,7 +348,7 @@ class ServerCounter(TokenCounter):
                         return
                     llama_cpp |= route == "/tokenize" and "tokens" in body
                 tried.append(f"{route}: HTTP {response.status_code}")
-            except Exception as exc:  # transport errors and non-JSON answers alike
+            except (httpx.HTTPError, ValueError) as exc:  # unreachable, or not JSON
                 tried.append(f"{route}: {type(exc).__name__}")
         hint = (
             "it answers like a llama.cpp server, which renders no chat template there: pass "
@@ -371,6 +373,8 @@ class ServerCounter(TokenCounter):
         return len(tokens) if isinstance(tokens, list) else None
 
     def _post(self, payload: dict[str, Any]) -> int:
+        import httpx
+
         if self._route is None:
             self._discover()
         route = self._route
@@ -382,7 +386,9 @@ class ServerCounter(TokenCounter):
             if count is None:
                 raise ValueError(f"no token count in the answer of {route}")
             return count
-        except Exception as exc:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            # HTTP errors keep their status (a 401 is not "no route"); the rest is an
+            # answer without a count.
             from pytest_budgetbench.redact import first_line, redact
 
             # "from None": httpx's own text holds the full URL, credentials included.
