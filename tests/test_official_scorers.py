@@ -64,6 +64,23 @@ class Comparison:
     hedge_gains: list[tuple[str, str, str]] = field(default_factory=list)
     """(variant, item, reply) where a variant scored a hedge above upstream."""
 
+    def add(
+        self, task: Task, variants: dict[str, Task], item: Item, reply: str, official: float,
+        *, gains: Callable[[float, float], bool] = lambda score, official: score > official,
+    ) -> None:
+        """Score one reply with the default grader and every variant against upstream's
+        ``official``; ``gains(score, official)`` says when a variant credited too much."""
+        self.cases += 1
+        ours = task.grade(item, reply).quality
+        if ours != official:
+            self.disagreements.append((item.item_id, reply, ours, official))
+        for name, variant in variants.items():
+            score = variant.grade(item, reply).quality
+            if score != official:
+                self.variant_disagreements[name] += 1
+            if gains(score, official):
+                self.hedge_gains.append((name, item.item_id, reply))
+
     def check(self) -> None:
         assert self.cases >= MIN_CASES, f"only {self.cases} generated cases"
         assert not self.disagreements, (
@@ -111,18 +128,10 @@ def _compare_short_answers(
         gold = gold_of(item)
         other = gold_of(items[(index + 7) % len(items)])
         for reply in replies(gold, other):
-            official = upstream(item, reply)
-            ours = task.grade(item, reply).quality
-            result.cases += 1
-            if ours != official:
-                result.disagreements.append((item.item_id, reply, ours, official))
-            for name, variant in variants.items():
-                score = variant.grade(item, reply).quality
-                if score != official:
-                    result.variant_disagreements[name] += 1
-                    # The rule: a variant never credits a hedge that upstream scores 0.
-                    if _is_hedge(reply, gold, other) and official == 0 < score:
-                        result.hedge_gains.append((name, item.item_id, reply))
+            hedge = _is_hedge(reply, gold, other)
+            # The rule: a variant never credits a hedge that upstream scores 0.
+            result.add(task, variants, item, reply, upstream(item, reply),
+                       gains=lambda score, official, hedge=hedge: hedge and official == 0 < score)
     return result
 
 
@@ -247,17 +256,9 @@ def compare_longbench_v2() -> Comparison:
         # Upstream's pred.py leaves an exactly empty output out of the accuracy: no score.
         cases = [r for r in (*_letter_replies(gold), *replies(gold, "B")) if r != ""]
         for reply in cases:
-            official = float(namespace["extract_answer"](reply) == gold)
-            result.cases += 1
-            ours = task.grade(item, reply).quality
-            if ours != official:
-                result.disagreements.append((item.item_id, reply, ours, official))
-            for name, variant in guarded.items():
-                score = variant.grade(item, reply).quality
-                if score != official:
-                    result.variant_disagreements[name] += 1
-                if score > official:  # the guard is only ever stricter
-                    result.hedge_gains.append((name, item.item_id, reply))
+            # The guard is only ever stricter: a score above upstream's is a gain.
+            result.add(task, guarded, item, reply,
+                       float(namespace["extract_answer"](reply) == gold))
     return result
 
 
@@ -381,16 +382,7 @@ def compare_tau2_retail() -> Comparison:
                                             arguments=arguments if isinstance(arguments, dict)
                                             else {})
                 official = float(compare(action, tool_call))
-            result.cases += 1
-            ours = task.grade(item, reply).quality
-            if ours != official:
-                result.disagreements.append((item.item_id, reply, ours, official))
-            for name, variant in variants.items():
-                score = variant.grade(item, reply).quality
-                if score != official:
-                    result.variant_disagreements[name] += 1
-                if score > official:
-                    result.hedge_gains.append((name, item.item_id, reply))
+            result.add(task, variants, item, reply, official)
     return result
 
 
