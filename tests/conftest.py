@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpcore  # noqa: F401 - see below
+import httpx  # noqa: F401 - see below
 import numpy  # noqa: F401 - see below
 import pytest
 
@@ -10,9 +12,10 @@ from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import load_gguf
 
 pytest_plugins = ["pytester"]
-# numpy is imported here, once: an in-process pytester run imports it for the summary's
-# bootstrap interval, pytester then drops the modules the run imported, and numpy cannot
-# be imported a second time in one process.
+# numpy, httpx and httpcore are imported here, once. An in-process pytester run drops the
+# modules it imported when it ends: numpy cannot be imported a second time in one process,
+# and a second httpcore would have exception classes that the first httpx cannot map, so
+# a later read timeout would escape as httpcore's own (not an httpx.TransportError).
 
 
 @pytest.fixture
