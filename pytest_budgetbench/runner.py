@@ -29,6 +29,7 @@ from pytest_budgetbench.errors import (
     RecordError,
     StrategyAborted,
     StrategyError,
+    TokenizerError,
 )
 from pytest_budgetbench.messages import Message, check_messages
 from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
@@ -264,9 +265,8 @@ class Runner:
         row: CellRow,
         timer: Timer | None,
     ) -> CellResult:
-        prompt, row.strategy_s = self._apply(strategy, item, cell, context)
+        prompt, row.strategy_s, counted = self._apply(strategy, item, cell, context)
         self._record_strategy(row, context)
-        counted = self.tokens.count_messages(prompt)
         sha = prompt_sha256(prompt)
         row.counted_tokens, row.prompt_sha256 = counted, sha
         row.utilisation = round(counted / cell.budget, 4)
@@ -327,18 +327,20 @@ class Runner:
 
     def _apply(
         self, strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
-    ) -> tuple[list[Message], float]:
+    ) -> tuple[list[Message], float, int]:
+        """The strategy's prompt, the seconds it took, and the prompt's token count."""
         started = time.perf_counter()
         try:
             output = self._within_timeout(
                 lambda: self._reset_and_apply(strategy, item, cell, context), strategy, cell
             )
             prompt = check_messages(output, f"strategy '{strategy.name}'")
+            seconds = round(time.perf_counter() - started, 6)
             # Counting is the runner's, but what it counts is the strategy's: a prompt the
             # counter cannot read fails here, as the strategy's error.
-            self.tokens.count_messages(prompt)
-        except (EndpointError, StrategyError):
-            raise
+            counted = self.tokens.count_messages(prompt)
+        except (EndpointError, StrategyError, TokenizerError):
+            raise  # the endpoint's or the counter's own failure, not the strategy's
         except BudgetExceeded as exc:
             raise StrategyError(f"strategy '{strategy.name}' made an auxiliary call over budget: "
                                 f"{exc}") from exc
@@ -347,7 +349,7 @@ class Runner:
                 f"strategy '{strategy.name}' failed on cell {cell.cell_id}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return prompt, round(time.perf_counter() - started, 6)
+        return prompt, seconds, counted
 
     @staticmethod
     def _reset_and_apply(
