@@ -103,7 +103,9 @@ def _settings(config: pytest.Config) -> Settings:
         )
         _register_secrets(settings)
         if settings.active:
-            _check_names(settings)
+            from pytest_budgetbench.preflight import check_settings
+
+            check_settings(settings)
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(exc)) from None
     return settings
@@ -114,12 +116,6 @@ def _register_secrets(settings: Settings) -> None:
     register_secret(settings.api_key)
     for url in (settings.endpoint, settings.judge_endpoint, *(settings.aux_models or {}).values()):
         register_url(url)
-
-
-def _check_names(settings: Settings) -> None:
-    from pytest_budgetbench.preflight import check_settings
-
-    check_settings(settings)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -159,7 +155,7 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """--budgetbench-only: deselect every test that is not part of the sweep."""
-    from pytest_budgetbench.collect import is_sweep_item, unmatched_selectors
+    from pytest_budgetbench.collect import unmatched_selectors
 
     unmatched = unmatched_selectors(config, items)
     if unmatched:
@@ -168,7 +164,7 @@ def pytest_collection_modifyitems(
         raise pytest.UsageError(f"not found: {', '.join(unmatched)} ({hint})")
     if not config.getoption("budgetbench_only", False):
         return
-    keep = [i for i in items if is_sweep_item(i) or _uses_budget_cell(i)]
+    keep = [i for i in items if _in_sweep(i)]
     if len(keep) < len(items):
         kept = set(map(id, keep))
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
@@ -203,10 +199,7 @@ class SweepPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if not self.controller or self.distributed:
             return
-        from pytest_budgetbench.collect import is_sweep_item
-
-        swept = [i for i in session.items if is_sweep_item(i) or _uses_budget_cell(i)]
-        if swept and not self.session.started:
+        if any(map(_in_sweep, session.items)) and not self.session.started:
             self._start()
         self._expect([i for i in session.items if _is_cell_item(i)])
 
@@ -395,6 +388,13 @@ def _is_cell_item(item: pytest.Item) -> bool:
 
 def _uses_budget_cell(item: pytest.Item) -> bool:
     return "budget_cell" in getattr(item, "fixturenames", ())
+
+
+def _in_sweep(item: pytest.Item) -> bool:
+    """A cell, a gate, or a user's test over the cells."""
+    from pytest_budgetbench.collect import is_sweep_item
+
+    return is_sweep_item(item) or _uses_budget_cell(item)
 
 
 def item_cell_of(item: pytest.Item) -> Cell | None:

@@ -14,7 +14,6 @@ write) is stopped at the start instead, with one line, and before anything is wr
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetBenchError, ConfigError, TokenizerError
 
 if TYPE_CHECKING:
+    from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.runner import Catalog, Endpoint
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
@@ -42,21 +42,21 @@ def check_settings(settings: Settings) -> None:
     strategies = strategy_classes(settings.strategies)
     tasks = {name: TASKS.resolve(name) for name in settings.tasks}
     check_options(settings, tasks.values(), strategies.values())
-    _check_reference(settings, strategies)
+    _check_reference(settings, {cls.name for cls in strategies.values()})
     _check_grader_variants(settings, tasks)
     _check_data_flags(settings, tasks)
     _check_out_dir(Path(settings.out))
     if settings.cache_mode not in (None, "off") and settings.cache_path:
-        _check_writable("--budgetbench-cache-path", Path(settings.cache_path))
+        _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
     _check_embedding_model(settings)
 
 
 def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
-    """Each strategy spec's class, by the name its rows will carry; two specs that resolve
-    to one name, or a class without a name, are a ConfigError."""
+    """Each strategy spec's class, in order; its ``name`` is what its cells and rows carry.
+    Two specs that resolve to one name, or a class without a name, are a ConfigError."""
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 
-    by_name: dict[str, type[Strategy]] = {}
+    classes: dict[str, type[Strategy]] = {}
     spec_of: dict[str, str] = {}
     for spec in specs:
         cls = STRATEGIES.resolve(spec)
@@ -66,16 +66,16 @@ def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
                 f"strategy '{spec}' has no name: set its class attribute 'name' to the name "
                 "its cells and rows should carry"
             )
-        if name in by_name:
+        if name in spec_of:
             raise ConfigError(
                 f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
                 f"'{name}', so their cells and rows would mix; give one another name"
             )
-        by_name[name], spec_of[name] = cls, spec
-    return by_name
+        classes[spec], spec_of[name] = cls, spec
+    return classes
 
 
-def _check_reference(settings: Settings, strategies: Mapping[str, type[Strategy]]) -> None:
+def _check_reference(settings: Settings, strategies: set[str]) -> None:
     if not settings.reference:
         return
     strategy, budget = split_reference(settings.reference)
@@ -123,20 +123,20 @@ def _check_out_dir(out: Path) -> None:
             f"--budgetbench-out={out} is a file, not a directory; pass a directory for the "
             "run records"
         )
-    _check_writable("--budgetbench-out", out / "run")
+    _check_writable("--budgetbench-out", out, directory=True)
 
 
-def _check_writable(flag: str, path: Path) -> None:
-    """``path`` could be created: its nearest existing ancestor is a directory that takes a
-    file. Tried with an unnamed temporary file, which leaves nothing behind (os.access says
-    yes to root everywhere, /proc included)."""
-    ancestor = path.parent
+def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
+    """``path`` (a directory, or a file) could be written: the nearest existing directory
+    at or above it takes a file. Tried with an unnamed temporary file, which leaves
+    nothing behind (os.access says yes to root everywhere, /proc included)."""
+    ancestor = path if directory else path.parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not _takes_a_file(ancestor):
         raise ConfigError(
-            f"{flag}={path.parent if flag == '--budgetbench-out' else path}: cannot be "
-            f"written ({ancestor} is not a writable directory); pass a path you can write"
+            f"{flag}={path}: cannot be written ({ancestor} is not a writable directory); "
+            "pass a path you can write"
         )
 
 
@@ -182,30 +182,30 @@ def check_not_empty(settings: Settings, cells: list[Cell]) -> None:
 def _check_baseline(settings: Settings, cells: list[Cell]) -> None:
     if settings.baseline is None:
         return
-    path = Path(settings.baseline)
-    try:
-        json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(
-            f"--budgetbench-baseline={path}: cannot be read ({exc.strerror or exc}); pass a "
-            "previous run's report/report.json"
-        ) from None
-    except ValueError as exc:
-        raise ConfigError(
-            f"--budgetbench-baseline={path}: not JSON ({exc}); pass a previous run's "
-            "report/report.json"
-        ) from None
     from pytest_budgetbench.reports import check_baseline_comparable
+    from pytest_budgetbench.reports.report_json import (
+        BaselineError,
+        cell_records,
+        read_report_json,
+    )
 
+    path = Path(settings.baseline)
+    try:  # read once, here; the gate reads it again only at the end of the sweep
+        baseline = cell_records(read_report_json(path)).keys()
+    except (BaselineError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"--budgetbench-baseline={path}: {exc}; pass a previous run's report/report.json"
+        ) from None
     planned = {(c.task, c.strategy_name or c.strategy, c.budget) for c in cells}
-    reasons = check_baseline_comparable(path, planned)
+    reasons = check_baseline_comparable(baseline, planned, source=path)
     if reasons:
         raise ConfigError(f"--budgetbench-baseline={path}: {reasons[0]}")
 
 
-def check_tokenizer(settings: Settings, endpoint: Endpoint) -> None:
+def check_tokenizer(settings: Settings, endpoint: Endpoint) -> TokenCounter:
     """Load the sweep's token counter and count once, so a missing file or a route the
-    endpoint lacks is one line now rather than an error in every cell."""
+    endpoint lacks is one line now rather than an error in every cell. Returns the counter,
+    for this process's runner to count with."""
     from pytest_budgetbench.wiring import make_counter
 
     try:
@@ -213,3 +213,4 @@ def check_tokenizer(settings: Settings, endpoint: Endpoint) -> None:
         counter.count_messages([{"role": "user", "content": "probe"}])
     except TokenizerError as exc:
         raise ConfigError(f"--budgetbench-tokenizer={settings.tokenizer}: {exc}") from None
+    return counter

@@ -27,6 +27,7 @@ from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_json
 from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Timer
 
 if TYPE_CHECKING:
+    from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore
     from pytest_budgetbench.model import EmbeddedServer
 
@@ -103,6 +104,8 @@ class BudgetBenchSession:
         self.started = False
         self.report_dir: Path | None = None
         self._runner: Runner | None = None
+        self._counter: TokenCounter | None = None
+        """The controller's counter, loaded and tried by the preflight; workers load theirs."""
 
     # -- controller --------------------------------------------------------------------
     def start(self) -> None:
@@ -120,7 +123,7 @@ class BudgetBenchSession:
             name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
         }
-        preflight.check_tokenizer(settings, self.endpoint)
+        self._counter = preflight.check_tokenizer(settings, self.endpoint)
         self._write_run_info()
         self.started = True
 
@@ -202,13 +205,9 @@ class BudgetBenchSession:
     @functools.cached_property
     def gates(self) -> list[GateSpec]:
         """The gate items this sweep asked for, one per kind and strategy@budget."""
-        from pytest_budgetbench.strategies import REGISTRY
-
         settings = self.settings
-        references = {}
-        for spec in settings.strategies:
-            strategy = REGISTRY.resolve(spec)
-            references[strategy.name or spec] = bool(getattr(strategy, "reference", False))
+        references = {cls.name: bool(cls.reference)
+                      for cls in preflight.strategy_classes(settings.strategies).values()}
         return gate_specs(
             references, settings.budgets,
             violation=settings.max_violation_rate is not None,
@@ -273,9 +272,8 @@ class BudgetBenchSession:
         """The sweep's cells; built once, as collection and parametrization both need them."""
         tasks = self.settings.tasks
         items = {task: [i.item_id for i in self.catalog.items(task)] for task in tasks}
-        from pytest_budgetbench.strategies import REGISTRY
-
-        names = {spec: REGISTRY.resolve(spec).name or spec for spec in self.settings.strategies}
+        names = {spec: cls.name
+                 for spec, cls in preflight.strategy_classes(self.settings.strategies).items()}
         cells = build_cells(
             items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
         )
@@ -298,6 +296,7 @@ class BudgetBenchSession:
         return wiring.make_runner(
             self.settings, self.catalog, self.endpoint, self.store, self.run_id,
             response_store=self.response_store, aux_endpoints=self.aux_endpoints,
+            tokens=self._counter,
         )
 
     @functools.cached_property

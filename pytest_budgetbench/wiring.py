@@ -101,10 +101,10 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) ->
     try:
         counter.count_text("probe")
     except TokenizerError as exc:
+        # The counter's message says which routes it tried and what to pass instead.
         raise TokenizerError(
             f"--budgetbench-tokenizer=auto cannot count for {redact_url(endpoint.base_url)}: "
-            f"it has no /tokenize route. Pass hf:<dir-or-tokenizer.json> for exact counts, "
-            f"or approx to accept approximate ones ({exc})"
+            f"{exc}"
         ) from None
     return counter
 
@@ -177,8 +177,10 @@ def make_runner(
     *,
     response_store: ResponseStore | None,
     aux_endpoints: Mapping[str, Endpoint] | None = None,
+    tokens: TokenCounter | None = None,
 ) -> Runner:
-    """The runner of ``settings`` on ``endpoint``, writing into ``store``."""
+    """The runner of ``settings`` on ``endpoint``, writing into ``store``; ``tokens`` is a
+    counter already loaded for them (else one is made)."""
     slots_dir = store.run_dir / ".slots"
 
     def chat(target: Endpoint) -> ChatBackend:
@@ -190,7 +192,7 @@ def make_runner(
         endpoint,
         store,
         run_id,
-        tokens=make_counter(settings.tokenizer, endpoint, settings.api_key),
+        tokens=tokens or make_counter(settings.tokenizer, endpoint, settings.api_key),
         chat=chat(endpoint),
         embedder_factory=embedder_factory(settings.embedding_model),
         aux_chats={name: chat(target) for name, target in (aux_endpoints or {}).items()},
