@@ -145,6 +145,12 @@ def kill_after_rows(workdir: Path, command: list[str], out: Path, rows: int) -> 
         process.wait()
 
 
+def only_run(out: Path) -> Path | None:
+    """The one run directory in ``out``, or None where the sweep stopped before writing."""
+    runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
+    return runs[0] if runs else None
+
+
 def run_dir_of(out: Path) -> Path:
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
     return run_dir
@@ -268,8 +274,7 @@ def endpoint_down(workdir: Path) -> tuple[FaultTally, str]:
     out = prepare(workdir) / "out"
     started = time.monotonic()
     code = run_sweep(workdir, sweep_command(f"http://127.0.0.1:{free_port()}/v1", out, 2))
-    runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-    result = tally("endpoint down at start", 1, runs[0] if runs else None, set(), code,
+    result = tally("endpoint down at start", 1, only_run(out), set(), code,
                    time.monotonic() - started, secrets_in=workdir)
     return result, (workdir / "last-output.txt").read_text()
 
@@ -287,8 +292,7 @@ def malformed_dataset(workdir: Path) -> tuple[FaultTally, str]:
                    f"--budgetbench-data-hotpotqa={data}"]
         started = time.monotonic()
         code = run_sweep(workdir, command)
-        runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-        result = tally("malformed dataset line", 1, runs[0] if runs else None, set(), code,
+        result = tally("malformed dataset line", 1, only_run(out), set(), code,
                        time.monotonic() - started, secrets_in=workdir)
         return result, (workdir / "last-output.txt").read_text()
     finally:
@@ -328,12 +332,11 @@ def planted_secrets(workdir: Path, items: int = 3) -> list[FaultTally]:
                        f"--budgetbench-tokenizer={tokenizer}", "--budgetbench-report=on"]
             started = time.monotonic()
             code = run_sweep(run_root, command)
-            runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
             # Without a tokenize route nothing can be counted: the sweep stops before its
             # first cell with one usage line, so only the secrets are judged.
             expected = expected_cells(items) if tokenizer == "approx" else set()
             results.append(tally(label, len(fake.injected) - before + len(PLANTED),
-                                 runs[0] if runs else None, expected, code,
+                                 only_run(out), expected, code,
                                  time.monotonic() - started, secrets_in=run_root))
         return results
     finally:
@@ -355,8 +358,7 @@ def retry_after_extremes(workdir: Path, items: int = 4) -> FaultTally:
             code = run_sweep(workdir, command, timeout=240)
         except subprocess.TimeoutExpired:  # slept on a huge Retry-After: a failure
             code = -int(signal.SIGKILL)
-        runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-        return tally("Retry-After extremes", len(fake.injected), runs[0] if runs else None,
+        return tally("Retry-After extremes", len(fake.injected), only_run(out),
                      expected_cells(items), code, time.monotonic() - started,
                      secrets_in=workdir)
     finally:
@@ -379,8 +381,7 @@ def incomparable_baseline(workdir: Path, items: int = 2) -> tuple[FaultTally, st
         started = time.monotonic()
         code = run_sweep(workdir, command)
         # Stopped before the first cell (nothing comparable is known up front): no run.
-        runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-        result = tally("incomparable baseline", 1, runs[0] if runs else None, set(), code,
+        result = tally("incomparable baseline", 1, only_run(out), set(), code,
                        time.monotonic() - started, secrets_in=workdir)
         return result, _output(workdir)
     finally:
@@ -534,8 +535,7 @@ def same_name_strategies(workdir: Path) -> tuple[FaultTally, str]:
                    "--budgetbench-strategies=truncation,impostor:SameName"]
         started = time.monotonic()
         code = run_sweep(workdir, command)
-        runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
-        result = tally("same-name strategies", 1, runs[0] if runs else None, set(), code,
+        result = tally("same-name strategies", 1, only_run(out), set(), code,
                        time.monotonic() - started, secrets_in=workdir)
         return result, _output(workdir)
     finally:
