@@ -37,7 +37,9 @@ def test_sigkill_at_any_point_then_resume_leaves_exactly_one_row_per_cell(
 def test_xdist_workers_share_records_and_lose_nothing(tmp_path: Path) -> None:
     result = faults.under_xdist(tmp_path)
     assert result.faults_injected > 0 and result.clean
-    assert result.completed == result.cells - 2 * len(faults.BUDGETS)
+    errors = [(r["cell_id"], r["error"]) for p in tmp_path.glob("out/*/cells.jsonl")
+              for r in map(json.loads, p.read_text().splitlines()) if r["status"] == "error"]
+    assert result.completed == result.cells - 2 * len(faults.BUDGETS), errors
 
 
 def test_an_endpoint_down_at_start_is_one_clear_error_before_any_cell(tmp_path: Path) -> None:
