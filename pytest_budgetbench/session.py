@@ -129,9 +129,10 @@ class BudgetBenchSession:
 
     def embedded_description(self) -> str:
         """What starting the embedded model means, for the line printed before it starts."""
-        from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS
+        from pytest_budgetbench.gguf_models import embedded_model
 
-        return f"{EMBEDDED_MODEL_ALIAS}, n_ctx {self._embedded_n_ctx()}"
+        model = embedded_model(self.settings.model)
+        return f"{model.description}, n_ctx {self._embedded_n_ctx()}"
 
     def _embedded_n_ctx(self) -> int:
         return wiring.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
@@ -166,7 +167,7 @@ class BudgetBenchSession:
         settings = self.settings
         self.server, endpoint = wiring.start_embedded(
             wiring.embedded_context(max(settings.budgets), settings.max_tokens),
-            settings.threads, self.store.run_dir / "server.log",
+            settings.threads, self.store.run_dir / "server.log", settings.model,
         )
         return endpoint
 

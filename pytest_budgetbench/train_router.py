@@ -146,7 +146,7 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     else:
         server, endpoint = wiring.start_embedded(
             wiring.embedded_context(args.budget, settings.max_tokens), settings.threads,
-            args.out / "train-server.log")
+            args.out / "train-server.log", settings.model)
 
     def close() -> None:
         if server is not None:

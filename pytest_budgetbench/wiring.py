@@ -65,16 +65,18 @@ def embedded_context(budget: int, max_tokens: int) -> int:
     return max(MIN_EMBEDDED_CONTEXT, budget + max_tokens + 64)
 
 
-def start_embedded(n_ctx: int, threads: int | None,
-                   log_path: Path) -> tuple[EmbeddedServer, Endpoint]:
-    """Start the embedded llama.cpp server; the caller stops it."""
+def start_embedded(n_ctx: int, threads: int | None, log_path: Path,
+                   model_name: str | None = None) -> tuple[EmbeddedServer, Endpoint]:
+    """Start the embedded llama.cpp server serving ``model_name`` (see gguf_models; the
+    default when None); the caller stops it."""
     from pytest_budgetbench import model
 
-    server = model.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path)
+    server = model.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
+                                  model_name=model_name)
     server.start()
     return server, Endpoint(
         base_url=server.base_url,
-        model=model.EMBEDDED_MODEL_ALIAS,
+        model=server.model.alias,
         embedded=True,
         gguf_path=str(server.model_path),
         server_flags=dict(server.flags),

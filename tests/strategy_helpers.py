@@ -20,12 +20,13 @@ from pytest_budgetbench.tasks.memory import MemoryTask
 
 
 def load_gguf() -> GGUFCounter:
-    """The embedded model's exact counter; skips the test when it is not available."""
+    """The small embedded model's (SmolLM2's) exact counter; skips the test when it is not
+    available. Unit tests count with it: it ships in a package, so it is always there."""
     pytest.importorskip("llama_cpp")
     from pytest_budgetbench.model import embedded_gguf_path
 
     try:
-        return GGUFCounter(embedded_gguf_path())
+        return GGUFCounter(embedded_gguf_path("smollm2"))
     except EmbeddedServerError as exc:
         pytest.skip(str(exc))
 

@@ -1,4 +1,5 @@
-"""A tiny real sweep on the embedded llama.cpp model (SmolLM2-135M-Instruct)."""
+"""Tiny real sweeps on the embedded llama.cpp models: SmolLM2-135M-Instruct (fast) for the
+machinery, and one cell of the default Qwen2.5-Coder-0.5B for its exact counts."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 SWEEP = ("--budgets=512,1024", "--budgetbench-items=3",
          "--budgetbench-strategies=truncation,full_context", "--budgetbench-tasks=memory",
-         "-p", "no:cacheprovider")
+         "--budgetbench-model=smollm2", "-p", "no:cacheprovider")
 
 
 def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
@@ -53,16 +54,37 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
 
 
 def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:
-    from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, EmbeddedServer, probe_endpoint
+    from pytest_budgetbench.gguf_models import SMOLLM2
+    from pytest_budgetbench.model import EmbeddedServer, probe_endpoint
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = EmbeddedServer(n_ctx=512, threads=1, log_path=tmp_path / "server.log")
+        server = EmbeddedServer(n_ctx=512, threads=1, log_path=tmp_path / "server.log",
+                                model_name=SMOLLM2.name)
         server.port = taken.getsockname()[1]
         server.start()
         try:
             assert server.port != taken.getsockname()[1]
-            assert probe_endpoint(server.base_url, None) == [EMBEDDED_MODEL_ALIAS]
+            assert probe_endpoint(server.base_url, None) == [SMOLLM2.alias]
         finally:
             server.stop()
+
+
+def test_the_default_model_counts_exactly_as_its_server(pytester: pytest.Pytester,
+                                                        tmp_path: Path) -> None:
+    """Qwen2.5-Coder's template injects a system prompt when there is none: the runner's
+    count must still be the server's."""
+    from pytest_budgetbench.gguf_models import QWEN, model_dir
+
+    if not (model_dir() / QWEN.file_name).is_file():
+        pytest.skip("the default model is not fetched (budgetbench fetch-model)")
+    result = pytester.runpytest_subprocess(
+        "--budgets=1024", "--budgetbench-items=2", "--budgetbench-strategies=truncation",
+        "--budgetbench-task-options=history_tokens=600", f"--budgetbench-out={tmp_path}",
+        "-p", "no:cacheprovider", timeout=600)
+    result.assert_outcomes(passed=2)
+    (cells,) = tmp_path.glob("*/cells.jsonl")
+    rows = [json.loads(line) for line in cells.read_text().splitlines()]
+    assert [r["model"] for r in rows] == [QWEN.alias] * 2
+    assert all(r["counted_tokens"] == r["server_prompt_tokens"] <= 1024 for r in rows)

@@ -113,15 +113,17 @@ def test_needs_an_auxiliary_model() -> None:
 def test_real_model_summaries_are_recorded_and_within_budget(
     gguf: GGUFCounter, tmp_path: Path
 ) -> None:
-    from pytest_budgetbench.model import EMBEDDED_MODEL_ALIAS, ChatModel, EmbeddedServer
+    from pytest_budgetbench.gguf_models import SMOLLM2
+    from pytest_budgetbench.model import ChatModel, EmbeddedServer
     from pytest_budgetbench.runner import RecordedAuxModel
 
     # Small on purpose: the model reads ~150 tokens/s and writes slower on two cores.
     item = memory_items(1, history_tokens=500)[0]
-    server = EmbeddedServer(n_ctx=1024, threads=2, log_path=tmp_path / "server.log")
+    server = EmbeddedServer(n_ctx=1024, threads=2, log_path=tmp_path / "server.log",
+                            model_name=SMOLLM2.name)
     server.start()
     try:
-        aux = RecordedAuxModel(ChatModel(server.base_url, EMBEDDED_MODEL_ALIAS), gguf, 256,
+        aux = RecordedAuxModel(ChatModel(server.base_url, SMOLLM2.alias), gguf, 256,
                                "memory-0000-summary_buffer-256")
         prompt = run_strategy(SummaryBuffer(), list(item.messages), 256, gguf, aux=aux)
     finally:

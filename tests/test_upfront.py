@@ -254,3 +254,26 @@ def test_a_hung_strategy_times_out_and_the_sweep_goes_on(
     result.assert_outcomes(passed=1, errors=1)
     (odd,) = [r for r in _rows(out) if r["status"] == "error"]
     assert "timed out" in odd["error"] and "0.5" in odd["error"]
+
+
+@pytest.mark.parametrize(("extra", "env", "expected"), [
+    (["--budgetbench-model=nope"], {}, "*--budgetbench-model=nope is not an embedded model*"),
+    ([], {"BUDGETBENCH_MODEL_DIR": "{tmp}/no-models"},
+     "*qwen2.5-coder-0.5b is not fetched*budgetbench fetch-model*"),
+])
+def test_an_embedded_model_that_cannot_serve_is_one_line_before_any_cell(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    extra: list[str], env: dict[str, str], expected: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(tmp=tmp_path))
+    out = tmp_path / "out"
+    result = pytester.runpytest("--budgets=512", "--budgetbench-items=1",
+                                "--budgetbench-strategies=truncation",
+                                f"--budgetbench-out={out}", "--budgetbench-report=off",
+                                "-p", "no:cacheprovider", *extra)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert len(errors) == 1, result.stderr.str()
+    result.stderr.fnmatch_lines([expected])
+    assert _files_under(out) == []

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pytest_budgetbench import cli, embeddings, model
+from pytest_budgetbench import cli, embeddings, gguf_models, model
 from pytest_budgetbench.testing import HashingEmbedder
 from tests.fake_openai import FakeOpenAI
 
@@ -21,10 +21,12 @@ class FakeEmbeddedServer:
 
     started: ClassVar[list[FakeOpenAI]] = []
 
-    def __init__(self, n_ctx: int, threads: int | None, log_path: Path) -> None:
-        self.model_path = Path("/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    def __init__(self, n_ctx: int, threads: int | None, log_path: Path,
+                 model_name: str | None = None) -> None:
+        self.model = gguf_models.embedded_model(model_name)
+        self.model_path = Path("/models") / self.model.file_name
         self.flags: dict[str, Any] = {"n_ctx": n_ctx, "n_threads": 1, "seed": 0}
-        self._fake = FakeOpenAI(model=model.EMBEDDED_MODEL_ALIAS)
+        self._fake = FakeOpenAI(model=self.model.alias)
 
     @property
     def base_url(self) -> str:

@@ -2,8 +2,12 @@
 
 Each item is a multi-session chat between a user and an assistant, with dated sessions,
 small talk and distractor facts about other people, ending in one question about the
-user. The evidence sits in one session chosen at random (seeded), so a strategy that
-keeps only recent history finds it only sometimes. Categories:
+user. The evidence sits in one session chosen at random (seeded) among the oldest quarter
+of the sessions (``evidence_position=early``, the default: the question asks about
+something said long ago, as a long-running agent's user does), or among all of them
+(``anywhere``). With ``early``, a strategy that keeps only recent history loses the
+evidence whenever its budget is short of the history; with ``anywhere`` it finds it about
+as often as the budget covers. Categories:
 
 - ``single-session-fact``: a fact stated once ("my dog is called Biscuit");
 - ``knowledge-update``: a fact stated, then changed in a later session; the new value wins;
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.options import Option, choice
 from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
 
 CATEGORIES = (
@@ -113,10 +118,18 @@ def contains_words(haystack: str, needle: str) -> bool:
     return bool(needle) and f" {needle} " in f" {normalise(haystack)} "
 
 
+EVIDENCE_POSITION = Option(
+    "evidence_position", "where the memory task plants its evidence: early (the oldest "
+    "quarter of the sessions) | anywhere", choice("early", "anywhere"), "early",
+    flag="memory-evidence", metavar="early|anywhere")
+EARLY_SHARE = 4
+"""``early`` evidence sits in the first 1/EARLY_SHARE of the sessions."""
+
+
 class MemoryTask(Task):
     name = "memory"
     grader_version = "memory-contains/1"
-    declared_options = (*Task.declared_options, HISTORY_TOKENS)
+    declared_options = (*Task.declared_options, HISTORY_TOKENS, EVIDENCE_POSITION)
 
     def load(self) -> list[Item]:
         count = self.options.items or 50
@@ -169,7 +182,10 @@ class MemoryTask(Task):
     def _plant(
         self, rng: random.Random, category: str, sessions: list[dict[str, Any]]
     ) -> tuple[Any, str, dict[str, Any]]:
-        where = rng.randrange(len(sessions))
+        reach = len(sessions)
+        if self.option("evidence_position") == "early":
+            reach = max(1, reach // EARLY_SHARE)
+        where = rng.randrange(reach)
         if category == "single-session-fact":
             pet, name = rng.choice(PETS), rng.choice(PET_NAMES)
             self._say(rng, sessions[where],
@@ -179,8 +195,8 @@ class MemoryTask(Task):
                     {"evidence_session": where})
         if category == "knowledge-update":
             old, new = rng.sample(CITIES, 2)
-            first = rng.randrange(max(1, len(sessions) - 1))
-            later = rng.randrange(first + 1, len(sessions)) if first + 1 < len(sessions) else first
+            first = rng.randrange(max(1, reach - 1))
+            later = rng.randrange(first + 1, reach) if first + 1 < reach else first
             self._say(rng, sessions[first], f"Please remember this: I live in {old}.",
                       f"Noted: you live in {old}.")
             self._say(rng, sessions[later],
