@@ -114,6 +114,42 @@ def test_evidence_is_in_the_history() -> None:
             assert re.search(rf"\b{re.escape(item.answer)}\b", joined)
 
 
+def _sessions(item: Item) -> list[int]:
+    """Index in ``item.messages`` of each session's first message."""
+    return [i for i, m in enumerate(item.messages) if _DATED.match(text_of(m))]
+
+
+def _evidence_indexes(item: Item) -> list[int]:
+    return [i for i, m in enumerate(item.messages) if "Please remember this" in text_of(m)]
+
+
+@pytest.mark.parametrize("position", ["early", "anywhere"])
+def test_evidence_position_early_keeps_it_in_the_oldest_quarter(position: str) -> None:
+    loaded = MemoryTask(TaskOptions(items=40, seed=5, extra={
+        "history_tokens": 2000, "evidence_position": position})).load()
+    depths = []
+    for item in loaded:
+        if item.category == "abstention":
+            continue
+        starts = _sessions(item)
+        for index in _evidence_indexes(item):
+            session = sum(1 for start in starts if start <= index) - 1
+            depths.append(session / len(starts))
+    assert depths
+    if position == "early":
+        assert max(depths) < 0.25  # every planted statement is among the oldest sessions
+    else:
+        assert max(depths) > 0.5  # spread over the whole history
+
+
+def test_early_is_the_default_and_a_bad_position_is_refused() -> None:
+    from pytest_budgetbench.tasks.memory import EVIDENCE_POSITION
+
+    assert make().option("evidence_position") == "early"
+    with pytest.raises(ValueError, match="early|anywhere"):
+        EVIDENCE_POSITION.parse("late")
+
+
 def test_knowledge_update_states_the_old_city_first_even_in_a_short_history() -> None:
     for seed in range(40):
         for item in make(items=10, seed=seed, history=100).load():

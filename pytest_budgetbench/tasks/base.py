@@ -26,7 +26,7 @@ CHUNK_TOKENS = Option(
 
 HISTORY_TOKENS = Option(
     "history_tokens", "target history length in tokens of generated tasks (memory, needle)",
-    positive_int, 2500, flag="memory-history", metavar="TOKENS")
+    positive_int, 2000, flag="memory-history", metavar="TOKENS")
 """Shared by the generated tasks: one flag, --budgetbench-memory-history, sets both."""
 
 
