@@ -356,6 +356,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset),
+    which can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 WAIT_POLICY = "PASSIVE"
 """The embedded server's ``OMP_WAIT_POLICY``. llama.cpp's OpenMP threads otherwise spin
 at every barrier and for a while after each request, taking the cores from the sweep's
@@ -376,7 +385,7 @@ class EmbeddedServer:
                  wait_policy: str | None = WAIT_POLICY) -> None:
         self.model_path = embedded_gguf_path()
         self.port = free_port()
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cores()
         self.env: dict[str, str] = {} if wait_policy is None else {
             "OMP_WAIT_POLICY": wait_policy}
         """Set in the server's environment only, never in this process's."""

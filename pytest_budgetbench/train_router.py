@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokenizer", help="token counting, as --budgetbench-tokenizer (default auto)"))
     parser.add_argument("--max-tokens", **from_option("max_tokens", help="answer length (32)"))
     parser.add_argument("--threads", **from_option(
-        "threads", metavar="N", help="CPU threads of the embedded server (default all cores)"))
+        "threads", metavar="N",
+        help="CPU threads of the embedded server (default: the cores it may use)"))
     parser.add_argument("--embedding-model", **from_option("embedding_model"))
     parser.add_argument("--cache", default="", metavar="PATH",
                         help="response cache file (default DIR/responses.sqlite; 'off' for none)")
