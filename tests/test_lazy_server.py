@@ -244,3 +244,15 @@ def test_the_server_starts_once_at_the_first_miss_and_a_cached_rerun_starts_none
     assert all(r["cached"] for r in again) and len(again) == 2
     assert "Starting the embedded model" not in warm.stdout.str()
     warm.stdout.fnmatch_lines(["*the embedded model was not started*"])
+
+
+@pytest.mark.usefixtures("fake_gguf")
+def test_a_server_that_could_not_start_is_a_usage_error_before_any_cell(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(model, "SERVER_MODULES", ("json", "no_such_server_module"))
+    result = pytester.runpytest(*SWEEP[:5], "-p", "no:cacheprovider",
+                                f"--budgetbench-out={tmp_path / 'out'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: budgetbench: *missing: no_such_server_module*"])
+    assert not list((tmp_path / "out").glob("*/cells.jsonl"))
