@@ -184,15 +184,18 @@ class CachingChatModel:
     The key holds the wrapped model's generation parameters (temperature, seed) and
     ``max_tokens``, so a change to any of them is a new request; that is why it wraps the
     concrete client, which knows them, and not any backend. ``endpoint`` names who answers
-    (``Endpoint.identity``); without it the client's URL does, port included.
+    (``Endpoint.identity``); without it the client's URL does, port included. A client
+    whose server starts on demand has no URL yet, so it needs ``endpoint``.
     """
 
     def __init__(self, chat: ChatModel, store: ResponseStore, *, endpoint: str | None = None,
                  poll_s: float = 0.05) -> None:
+        if not endpoint and not chat.base_url:
+            raise ValueError("CachingChatModel needs endpoint= for a client that has no URL "
+                             "before its first request (a server started on demand)")
         self._chat = chat
         self._store = store
         self._poll_s = poll_s
-        self.base_url = chat.base_url
         self.model = chat.model
         self.endpoint = endpoint or chat.base_url
 

@@ -284,7 +284,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                metavar="SECONDS"),
     OptionSpec("retries", "attempts per model request before the cell errors",
                _positive_int("--budgetbench-retries"), 3),
-    OptionSpec("threads", "CPU threads for the embedded server (default: all cores)",
+    OptionSpec("threads", "CPU threads for the embedded server (default: the cores it may use)",
                _positive_int("--budgetbench-threads"), None),
     OptionSpec("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
                str, None, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),

@@ -17,8 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,6 +39,14 @@ from pytest_budgetbench.redact import (
 __all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
+                  "pydantic_settings")
+"""What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
+REPLY_NEUTRAL_FLAGS = frozenset({"n_ctx", "OMP_WAIT_POLICY"})
+"""Recorded server flags that change no reply, so the response cache's key leaves them out:
+the context only has to hold the prompt, and how idle threads wait is not arithmetic."""
+READY_TIMEOUT_S = 120.0
+"""How long one launch of the embedded server may take to answer /models."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +145,15 @@ class ChatModel:
 
     A query string in ``base_url`` (``https://host/v1?key=K``) is sent with every request
     as a default query parameter, never as part of a route's path.
+
+    ``base_url`` may be a callable instead (a launcher's ``url``): it is called on the first
+    request, once, so a server that starts on demand starts only when a reply is needed;
+    :attr:`base_url` is empty until then.
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Callable[[], str],
         model: str,
         *,
         api_key: str | None = None,
@@ -154,9 +167,10 @@ class ChatModel:
     ) -> None:
         import openai
 
-        register_url(base_url)
-        api_key = register_secret(api_key)
-        self.base_url = base_url
+        self._find_url = base_url if callable(base_url) else None
+        self.base_url = "" if callable(base_url) else base_url
+        register_url(self.base_url)
+        self._api_key = register_secret(api_key)
         self.model = model
         self.timeout = timeout
         self.max_backoff_s = max_backoff_s
@@ -165,12 +179,10 @@ class ChatModel:
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.slots = slots
-        # Our own retry loop owns backoff, so the client's is off.
-        bare_url, query = split_query(base_url)
-        self._client = openai.OpenAI(
-            base_url=bare_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0,
-            default_query=query or None,
-        )
+        self._client_lock = threading.Lock()
+        self._openai_client: Any = None
+        if self._find_url is None:
+            self._client()
         self._retryable: tuple[type[Exception], ...] = (
             openai.APIConnectionError,  # includes APITimeoutError
             openai.RateLimitError,
@@ -184,12 +196,31 @@ class ChatModel:
 
         self._completion_type = ChatCompletion
 
+    def _client(self) -> Any:
+        """The openai client, built once; for a callable ``base_url`` its first call (which
+        may start a server, and raises EndpointError when that fails) gives the URL."""
+        with self._client_lock:
+            if self._openai_client is None:
+                import openai
+
+                if self._find_url is not None:
+                    self.base_url = self._find_url()
+                    register_url(self.base_url)
+                # Our own retry loop owns backoff, so the client's is off.
+                bare_url, query = split_query(self.base_url)
+                self._openai_client = openai.OpenAI(
+                    base_url=bare_url, api_key=self._api_key or "not-needed",
+                    timeout=self.timeout, max_retries=0, default_query=query or None,
+                )
+            return self._openai_client
+
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
+        client = self._client()
         for attempt in range(1, self.attempts + 1):
             try:
                 with self.slots.hold() if self.slots else contextlib.nullcontext():
                     started = time.perf_counter()
-                    response = self._client.post(
+                    response = client.post(
                         "/chat/completions", cast_to=self._completion_type,
                         body={"model": self.model, "messages": list(messages),
                               "max_tokens": max_tokens, "temperature": self.temperature,
@@ -312,19 +343,41 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset),
+    which can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+WAIT_POLICY = "PASSIVE"
+"""The embedded server's ``OMP_WAIT_POLICY``. llama.cpp's OpenMP threads otherwise spin
+at every barrier and for a while after each request, taking the cores from the sweep's
+own work (and from xdist workers, tests, other jobs); PASSIVE makes them sleep. It changes
+no output (see benchmarks/bench_server_threads.py for what it costs and saves)."""
+
+
 class EmbeddedServer:
     """``llama_cpp.server`` on 127.0.0.1 serving an embedded model (gguf_models), started once.
 
     The flags are pinned, because llama-cpp-python's defaults (one thread, logits_all)
-    are slow, and flash attention changes the generated text; every row records them.
+    are slow, and flash attention changes the generated text; every row records them
+    (:attr:`recorded_flags`), with the environment the server runs in (:attr:`env`).
+    Building one reads no more than the GGUF's path: :meth:`start` starts it.
     """
 
     def __init__(self, n_ctx: int, threads: int | None, log_path: Path,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, *,
+                 wait_policy: str | None = WAIT_POLICY) -> None:
         self.model = gguf_models.embedded_model(model_name)
         self.model_path = gguf_models.gguf_path(self.model)
         self.port = free_port()
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cores()
+        self.env: dict[str, str] = {} if wait_policy is None else {
+            "OMP_WAIT_POLICY": wait_policy}
+        """Set in the server's environment only, never in this process's."""
         self.flags: dict[str, Any] = {
             "n_ctx": n_ctx,
             "n_threads": self.threads,
@@ -341,6 +394,32 @@ class EmbeddedServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def recorded_flags(self) -> dict[str, Any]:
+        """What a row's ``server_flags`` says: the command's flags and the environment."""
+        return {**self.flags, **self.env}
+
+    def child_environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def check_startable(self) -> None:
+        """What can be known without starting it, cheaply: llama-cpp-python and its server
+        extra are installed (the GGUF was found when this object was built)."""
+        import importlib.util
+
+        missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
+        if missing:
+            raise EmbeddedServerError(
+                f"the embedded model needs llama-cpp-python with its server extra (missing: "
+                f"{', '.join(missing)}): CMAKE_ARGS='-DGGML_NATIVE=OFF' pip install "
+                "--no-cache-dir 'llama-cpp-python[server]', or pass --budgetbench-endpoint=URL"
+            )
+
     def command(self) -> list[str]:
         argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
                 "--model_alias", self.model.alias, "--host", "127.0.0.1",
@@ -349,15 +428,8 @@ class EmbeddedServer:
             argv += [f"--{key}", str(value)]
         return argv
 
-    def start(self, ready_timeout: float = 120.0) -> None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            raise EmbeddedServerError(
-                "the embedded model needs llama-cpp-python: CMAKE_ARGS='-DGGML_NATIVE=OFF' "
-                "pip install --no-cache-dir 'llama-cpp-python[server]', "
-                "or pass --budgetbench-endpoint=URL"
-            ) from None
+    def start(self, ready_timeout: float = READY_TIMEOUT_S) -> None:
+        self.check_startable()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._launch(ready_timeout)
@@ -372,7 +444,7 @@ class EmbeddedServer:
         with self.log_path.open("wb") as log:
             self._process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                env=self.child_environment(), preexec_fn=_die_with_parent,
             )
         try:
             self._wait_ready(ready_timeout)

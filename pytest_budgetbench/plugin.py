@@ -8,14 +8,15 @@ task item x strategy x budget and one per gate, and the work goes to the run obj
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, ini_text, load_settings
-from pytest_budgetbench.errors import BudgetBenchError, StrategyAborted
+from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
 
@@ -206,9 +207,7 @@ class SweepPlugin:
     def _start(self) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and not self.session.settings.endpoint:
-            reporter.write_line(
-                f"Starting the embedded model ({self.session.embedded_description()})…"
-            )
+            self.session.on_server_start = self._starting_line(reporter)
         from pytest_budgetbench.preflight import NothingToRun
 
         try:
@@ -217,6 +216,19 @@ class SweepPlugin:
             pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
         except BudgetBenchError as exc:
             raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+
+    def _starting_line(self, reporter: Any) -> Callable[[], None]:
+        """The line printed when the embedded server really starts: on the first cache
+        miss, inside a cell's test (under xdist: in the controller, at a worker's request),
+        so past the output capture, as pytest's live logging writes."""
+        description = self.session.embedded_description()
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+
+        def write() -> None:
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                reporter.write_line(f"Starting the embedded model ({description})…")
+
+        return write
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -376,6 +388,10 @@ class SweepPlugin:
         from pytest_budgetbench.reports.terminal import write_summary
 
         write_summary(terminalreporter, self.session)
+        endpoint = self.session.endpoint
+        if endpoint is not None and endpoint.embedded and not self.session.server_needed:
+            terminalreporter.write_line("budgetbench: the embedded model was not started: the "
+                                        "response cache held every reply this run needed")
         if self.finish_error:
             terminalreporter.write_line(self.finish_error, red=True, bold=True)
 
@@ -427,6 +443,8 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     except StrategyAborted as exc:
         # Its row is written; the run stops as a Ctrl-C would, summary and report included.
         pytest.exit(redact(str(exc)), returncode=pytest.ExitCode.INTERRUPTED)
+    except EmbeddedServerError as exc:
+        _stop_without_a_server(request, exc)
     if timer is not None and timer.timed:
         request.getfixturevalue("benchmark").extra_info.update(
             quality=result.quality, counted_tokens=result.row.counted_tokens
@@ -446,7 +464,22 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
         # Under xdist the selected cells run on every worker; wait for their rows.
         elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
                      if c is not None}
-    return GateVerdict(spec, session.judge(spec, elsewhere))
+    try:
+        return GateVerdict(spec, session.judge(spec, elsewhere))
+    except EmbeddedServerError as exc:
+        _stop_without_a_server(request, exc)
+
+
+def _stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerError) -> NoReturn:
+    """The embedded server, started on the first cache miss, did not start: no later cell
+    could get a reply either, so the run stops with the reason, as a failed start before
+    the first cell does (the cell keeps its error row, which is never graded). An xdist
+    worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
+    worker with it, and prints it."""
+    reason = redact(f"budgetbench: {exc}")
+    if hasattr(request.config, "workerinput"):
+        request.session.shouldstop = reason
+    pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:

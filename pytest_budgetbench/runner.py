@@ -32,7 +32,13 @@ from pytest_budgetbench.errors import (
     TokenizerError,
 )
 from pytest_budgetbench.messages import Message, check_messages
-from pytest_budgetbench.model import ChatBackend, ChatModel, Completion, redact_url
+from pytest_budgetbench.model import (
+    REPLY_NEUTRAL_FLAGS,
+    ChatBackend,
+    ChatModel,
+    Completion,
+    redact_url,
+)
 from pytest_budgetbench.records import CellRow, RunStore
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
@@ -42,9 +48,18 @@ from pytest_budgetbench.tasks.base import CHUNK_TOKENS
 Timer = Callable[[Callable[[], Completion]], Completion]
 
 
+EMBEDDED_LABEL = "embedded"
+"""The embedded server's ``endpoint`` in rows and run.json: it starts on the first cache
+miss, if at all, on a new port every run, so no URL would say anything."""
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """Where answers come from, as resolved once per session by the controller."""
+    """Where answers come from, as resolved once per session by the controller.
+
+    The embedded server's endpoint is known from its GGUF alone: ``base_url`` is empty
+    until (and unless) the server is started at session start; a launcher gives the URL
+    of one started on demand."""
 
     base_url: str = field(repr=False)  # may hold credentials: tracebacks repr endpoints
     model: str
@@ -53,14 +68,19 @@ class Endpoint:
     server_flags: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def label(self) -> str:
+        """The endpoint as rows and run.json show it (secrets redacted)."""
+        return EMBEDDED_LABEL if self.embedded else redact_url(self.base_url)
+
+    @property
     def identity(self) -> str:
         """Who answers, for the response cache: the URL, or for the embedded server its
-        model file and the flags that shape replies (not its port, new every session,
-        nor its context size)."""
+        model file and the flags that shape replies (not its port, new every session, nor
+        its context size or OpenMP wait policy, which change no reply)."""
         if not self.embedded:
             return self.base_url
         flags = ",".join(f"{k}={v}" for k, v in sorted(self.server_flags.items())
-                         if k != "n_ctx")
+                         if k not in REPLY_NEUTRAL_FLAGS)
         return f"embedded:{Path(self.gguf_path or '').name}:{flags}"
 
 
@@ -430,7 +450,7 @@ class Runner:
             budget=cell.budget,
             repeat=cell.repeat,
             model=self.endpoint.model,
-            endpoint=redact_url(self.endpoint.base_url),
+            endpoint=self.endpoint.label,
             server_flags=self.endpoint.server_flags,
             tokenizer=self.tokens.name,
             tokenizer_exact=self.tokens.exact,

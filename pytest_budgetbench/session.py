@@ -1,9 +1,14 @@
 """The run object: one per pytest process, kept in ``config.stash``.
 
 The controller (the only process without xdist, or xdist's master) resolves the endpoint
-once (starting the embedded llama.cpp server when none is given), names the run, and
-hands both to xdist workers through ``workerinput``. Each process builds its own runner
-lazily on its first cell, so heavy imports happen only when a sweep really runs.
+once, names the run, and hands both to xdist workers through ``workerinput``. Each process
+builds its own runner lazily on its first cell, so heavy imports happen only when a sweep
+really runs.
+
+With no endpoint given, the embedded llama.cpp server is resolved from its GGUF and
+started on the first reply the response cache does not hold (:mod:`~pytest_budgetbench.
+launcher`): by the controller's launcher, in-process, or, under xdist, by the controller
+at a worker's request, so it stays one server that dies with the run.
 """
 
 from __future__ import annotations
@@ -20,16 +25,22 @@ from typing import TYPE_CHECKING, Any
 from pytest_budgetbench import preflight, wiring
 from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.errors import ConfigError, EndpointError, RecordError
+from pytest_budgetbench.errors import (
+    ConfigError,
+    EmbeddedServerError,
+    EndpointError,
+    RecordError,
+)
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model import redact_url
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
 from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Timer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore
-    from pytest_budgetbench.model import EmbeddedServer
+    from pytest_budgetbench.launcher import Launcher, LaunchService, ServerLauncher
 
 WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
@@ -94,7 +105,18 @@ class BudgetBenchSession:
         }
         self.store = RunStore(run_dir)
         self.catalog = Catalog(settings)
-        self.server: EmbeddedServer | None = None
+        self.server: ServerLauncher | None = None
+        """The controller's launcher of the embedded server (None for a given endpoint)."""
+        self.launcher: Launcher | None = self.server
+        """Where this process gets the embedded server's URL: the launcher, or a worker's
+        line to the controller's."""
+        if worker_state and worker_state.get("launcher"):
+            from pytest_budgetbench.launcher import RemoteLauncher
+
+            self.launcher = RemoteLauncher(worker_state["launcher"])
+        self._launch_service: LaunchService | None = None
+        self.on_server_start: Callable[[], None] | None = None
+        """Called just before the embedded server starts (the plugin prints a line)."""
         self.results: dict[str, CellResult] = {}
         self.errored: set[str] = set()
         self._pending: dict[str, Future[CellResult]] = {}
@@ -118,7 +140,7 @@ class BudgetBenchSession:
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
         else:
-            self.endpoint = self._start_embedded()
+            self.endpoint = self._embedded()
         self.aux_endpoints = {
             name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
@@ -140,7 +162,7 @@ class BudgetBenchSession:
     def _write_run_info(self) -> None:
         assert self.endpoint is not None
         info = {"run_id": self.run_id, "settings": self.settings.public(),
-                "endpoint": redact_url(self.endpoint.base_url), "model": self.endpoint.model,
+                "endpoint": self.endpoint.label, "model": self.endpoint.model,
                 "server_flags": self.endpoint.server_flags, "started": time.time()}
         earlier = self._earlier_run_info()
         if earlier is not None:
@@ -163,18 +185,41 @@ class BudgetBenchSession:
             return None
         return info if isinstance(info, dict) else None
 
-    def _start_embedded(self) -> Endpoint:
+    def _embedded(self) -> Endpoint:
+        """The embedded server's endpoint, from its GGUF; the server itself starts on the
+        first cache miss (or now, for a counter that asks the server)."""
         settings = self.settings
-        self.server, endpoint = wiring.start_embedded(
-            wiring.embedded_context(max(settings.budgets), settings.max_tokens),
-            settings.threads, self.store.run_dir / "server.log", settings.model,
+        self.server, endpoint = wiring.embedded_launcher(
+            self._embedded_n_ctx(), settings.threads, self.store.run_dir / "server.log",
+            settings.model, on_start=self._server_starting,
         )
-        return endpoint
+        self.launcher = self.server
+        return wiring.counting_endpoint(settings.tokenizer, endpoint, self.server)
+
+    def _server_starting(self) -> None:
+        if self.on_server_start is not None:
+            self.on_server_start()
+
+    @property
+    def server_needed(self) -> bool:
+        """Whether this run asked for the embedded server, started or failed (the
+        controller knows: under xdist it starts the server for the workers)."""
+        return self.server is not None and self.server.attempted
 
     def worker_state(self) -> dict[str, Any]:
+        """What an xdist worker needs: the run, the endpoints, and the address at which it
+        asks the controller for the embedded server (the service starts with the first)."""
         assert self.endpoint is not None
-        return {"run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
-                "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
+        state: dict[str, Any] = {
+            "run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
+            "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
+        if self.server is not None:
+            if self._launch_service is None:
+                from pytest_budgetbench.launcher import LaunchService
+
+                self._launch_service = LaunchService(self.server)
+            state["launcher"] = self._launch_service.address
+        return state
 
     def finish(self) -> None:
         """Write the report of this run (the gates are test items; see :meth:`judge`)."""
@@ -228,6 +273,8 @@ class BudgetBenchSession:
             if cell.cell_id not in running_elsewhere and cell.cell_id not in self.errored:
                 try:
                     self.run_cell(cell)
+                except EmbeddedServerError:
+                    raise  # no cell can get a reply: the run stops (see the plugin)
                 except Exception:  # its error row is what the gate counts
                     continue
         waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
@@ -263,9 +310,11 @@ class BudgetBenchSession:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._launch_service is not None:
+            self._launch_service.close()
+            self._launch_service = None
         if self.server is not None:
-            self.server.stop()
-            self.server = None
+            self.server.stop()  # keeps .attempted: the summary (printed before) reads it
 
     # -- every process -----------------------------------------------------------------
     @functools.cached_property
@@ -297,7 +346,7 @@ class BudgetBenchSession:
         return wiring.make_runner(
             self.settings, self.catalog, self.endpoint, self.store, self.run_id,
             response_store=self.response_store, aux_endpoints=self.aux_endpoints,
-            tokens=self._counter,
+            tokens=self._counter, launcher=self.launcher,
         )
 
     @functools.cached_property

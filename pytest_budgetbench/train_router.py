@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokenizer", help="token counting, as --budgetbench-tokenizer (default auto)"))
     parser.add_argument("--max-tokens", **from_option("max_tokens", help="answer length (32)"))
     parser.add_argument("--threads", **from_option(
-        "threads", metavar="N", help="CPU threads of the embedded server (default all cores)"))
+        "threads", metavar="N",
+        help="CPU threads of the embedded server (default: the cores it may use)"))
     parser.add_argument("--embedding-model", **from_option("embedding_model"))
     parser.add_argument("--cache", default="", metavar="PATH",
                         help="response cache file (default DIR/responses.sqlite; 'off' for none)")
@@ -140,17 +141,19 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     """The real pipeline on ``args``' task and model; the callable stops what it started."""
     settings = training_settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    server = None
+    launcher = None
     if settings.endpoint:
         endpoint = wiring.resolve_endpoint(settings, model_flag="--model")
-    else:
-        server, endpoint = wiring.start_embedded(
+    else:  # started on the first reply the response cache does not hold, as in a sweep
+        launcher, endpoint = wiring.embedded_launcher(
             wiring.embedded_context(args.budget, settings.max_tokens), settings.threads,
-            args.out / "train-server.log", settings.model)
+            args.out / "train-server.log", settings.model,
+            on_start=lambda: print("train-router: starting the embedded model", flush=True))
+        endpoint = wiring.counting_endpoint(settings.tokenizer, endpoint, launcher)
 
     def close() -> None:
-        if server is not None:
-            server.stop()
+        if launcher is not None:
+            launcher.stop()
 
     try:
         task, items = load_training_items(args.task, args.data, args.split, args.items, args.seed)
@@ -159,7 +162,8 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
         run_id = f"train-router-{int(time.time())}"
         runner = wiring.make_runner(settings, catalog, endpoint,
                                     RunStore(args.out / TRAIN_RUN_DIR), run_id,
-                                    response_store=_response_store(args, run_id))
+                                    response_store=_response_store(args, run_id),
+                                    launcher=launcher)
     except BaseException:
         close()
         raise

@@ -21,7 +21,7 @@ from pytest_budgetbench.runner import Catalog, Endpoint, Runner
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore
-    from pytest_budgetbench.model import EmbeddedServer
+    from pytest_budgetbench.launcher import Launcher, ServerLauncher
     from pytest_budgetbench.strategies import Embedder
 
 MIN_EMBEDDED_CONTEXT = 8192
@@ -34,7 +34,7 @@ def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-mod
     from pytest_budgetbench.model import probe_endpoint
 
     if settings.endpoint is None:
-        raise ValueError("resolve_endpoint needs settings.endpoint; else start_embedded")
+        raise ValueError("resolve_endpoint needs settings.endpoint; else embedded_launcher")
     served = probe_endpoint(settings.endpoint, settings.api_key)
     model = settings.model or (served[0] if served else None)
     if not model:
@@ -65,22 +65,39 @@ def embedded_context(budget: int, max_tokens: int) -> int:
     return max(MIN_EMBEDDED_CONTEXT, budget + max_tokens + 64)
 
 
-def start_embedded(n_ctx: int, threads: int | None, log_path: Path,
-                   model_name: str | None = None) -> tuple[EmbeddedServer, Endpoint]:
-    """Start the embedded llama.cpp server serving ``model_name`` (see gguf_models; the
-    default when None); the caller stops it."""
+def embedded_launcher(
+    n_ctx: int, threads: int | None, log_path: Path, model_name: str | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[ServerLauncher, Endpoint]:
+    """The embedded llama.cpp server serving ``model_name`` (see gguf_models; the default
+    when None), not started, and its endpoint: the model id, the GGUF and the flags, all
+    known from the GGUF file (the response cache's key, the exact counter and every row
+    need no more). The launcher starts the server on the first reply needed, calling
+    ``on_start`` just before; the caller stops it. What can be known now (no GGUF, no
+    llama-cpp-python) is an EmbeddedServerError now."""
     from pytest_budgetbench import model
+    from pytest_budgetbench.launcher import ServerLauncher
 
     server = model.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
                                   model_name=model_name)
-    server.start()
-    return server, Endpoint(
-        base_url=server.base_url,
+    server.check_startable()
+    return ServerLauncher(server, on_start), Endpoint(
+        base_url="",
         model=server.model.alias,
         embedded=True,
         gguf_path=str(server.model_path),
-        server_flags=dict(server.flags),
+        server_flags=server.recorded_flags,
     )
+
+
+def counting_endpoint(tokenizer: str, endpoint: Endpoint, launcher: ServerLauncher) -> Endpoint:
+    """``endpoint``, with the embedded server started now when ``tokenizer`` counts through
+    its /tokenize route (``server``): counting comes before the first cell's reply."""
+    if tokenizer != "server" or endpoint.base_url:
+        return endpoint
+    from dataclasses import replace
+
+    return replace(endpoint, base_url=launcher.url())
 
 
 # -- the parts of a runner -----------------------------------------------------------------
@@ -134,16 +151,24 @@ def session_response_store(settings: Settings, run_dir: Path,
 
 
 def make_chat(settings: Settings, endpoint: Endpoint, *,
-              response_store: ResponseStore | None, slots_dir: Path) -> ChatBackend:
+              response_store: ResponseStore | None, slots_dir: Path,
+              launcher: Launcher | None = None) -> ChatBackend:
     """The endpoint's client, behind the request slots and the response cache. The cache
-    keys on ``endpoint.identity``: the embedded server's model and flags, not its port."""
+    keys on ``endpoint.identity``: the embedded server's model and flags, not its port.
+    An endpoint without a URL yet (the embedded server) gets it from ``launcher`` on its
+    first request that the cache cannot answer."""
     from pytest_budgetbench.model import ChatModel, RequestSlots
 
     slots = None
     if settings.concurrency is not None:
         slots = RequestSlots(slots_dir, settings.concurrency)
+    url: str | Callable[[], str] = endpoint.base_url
+    if not url:
+        if launcher is None:
+            raise ValueError(f"endpoint {endpoint.model!r} has no URL yet and no launcher")
+        url = launcher.url
     chat = ChatModel(
-        endpoint.base_url,
+        url,
         endpoint.model,
         api_key=settings.api_key,
         timeout=settings.timeout,
@@ -180,13 +205,16 @@ def make_runner(
     response_store: ResponseStore | None,
     aux_endpoints: Mapping[str, Endpoint] | None = None,
     tokens: TokenCounter | None = None,
+    launcher: Launcher | None = None,
 ) -> Runner:
     """The runner of ``settings`` on ``endpoint``, writing into ``store``; ``tokens`` is a
-    counter already loaded for them (else one is made)."""
+    counter already loaded for them (else one is made); ``launcher`` starts the embedded
+    server on the first reply the response cache does not hold."""
     slots_dir = store.run_dir / ".slots"
 
-    def chat(target: Endpoint) -> ChatBackend:
-        return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir)
+    def chat(target: Endpoint, launcher: Launcher | None = None) -> ChatBackend:
+        return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir,
+                         launcher=launcher)
 
     return Runner(
         settings,
@@ -195,7 +223,7 @@ def make_runner(
         store,
         run_id,
         tokens=tokens or make_counter(settings.tokenizer, endpoint, settings.api_key),
-        chat=chat(endpoint),
+        chat=chat(endpoint, launcher),
         embedder_factory=embedder_factory(settings.embedding_model),
         aux_chats={name: chat(target) for name, target in (aux_endpoints or {}).items()},
     )

@@ -50,7 +50,8 @@ def reading_responder(messages: list[dict[str, Any]]) -> str:
 
 
 class FakeOpenAI:
-    def __init__(self, responder: Responder = reading_responder, model: str = "fake-model"):
+    def __init__(self, responder: Responder = reading_responder, model: str = "fake-model",
+                 port: int = 0):
         self.responder = responder
         self.model = model
         self.faults: list[str] = []
@@ -69,7 +70,7 @@ class FakeOpenAI:
         self._rate = 0.0
         self._kinds: tuple[str, ...] = ()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -44,8 +44,13 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
     assert report.exists()
     result.stdout.fnmatch_lines(["*budgetbench summary*", "*truncation*512*", "*report: *"])
 
-    # The same sweep again: every answer comes from the response cache, unchanged.
-    pytester.runpytest_subprocess(*SWEEP, f"--budgetbench-out={tmp_path}", timeout=600)
+    assert all(r["server_flags"]["OMP_WAIT_POLICY"] == "PASSIVE" for r in rows)
+
+    # The same sweep again: every answer comes from the response cache, unchanged, and
+    # the server, which starts on the first cache miss, never starts.
+    warm = pytester.runpytest_subprocess(*SWEEP, f"--budgetbench-out={tmp_path}", timeout=600)
+    warm.stdout.fnmatch_lines(["*the embedded model was not started*"])
+    assert len(list(tmp_path.glob("*/server.log"))) == 1
     (rerun,) = [p for p in tmp_path.glob("*/cells.jsonl") if p != cells]
     again = [json.loads(line) for line in rerun.read_text().splitlines()]
     assert all(r["cached"] for r in again if r["status"] == "ok")
