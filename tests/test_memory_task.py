@@ -146,7 +146,7 @@ def test_early_is_the_default_and_a_bad_position_is_refused() -> None:
     from pytest_budgetbench.tasks.memory import EVIDENCE_POSITION
 
     assert make().option("evidence_position") == "early"
-    with pytest.raises(ValueError, match="early|anywhere"):
+    with pytest.raises(ValueError, match=r"early\|anywhere"):
         EVIDENCE_POSITION.parse("late")
 
 
