@@ -45,11 +45,13 @@ def timed(label, function):
         if depth[0]:
             return function(*args, **kwargs)
         depth[0] += 1
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         try:
             return function(*args, **kwargs)
         finally:
-            stages[label] = stages.get(label, 0.0) + time.perf_counter() - started
+            wall_s, cpu_s = stages.get(label, (0.0, 0.0))
+            stages[label] = (wall_s + time.perf_counter() - started,
+                             cpu_s + time.process_time() - cpu)
             depth[0] -= 1
     return wrapper
 
@@ -103,8 +105,9 @@ def main() -> None:
                   flush=True)
             result = build(run_dir, Path(tmp) / f"report-{rows}", args.resamples, code)
             results.append((rows, result))
-            print("  " + ", ".join(f"{name} {seconds:.1f} s"
-                                   for name, seconds in result["stages"].items()), flush=True)
+            print("  stage wall/cpu s: " + ", ".join(
+                f"{name} {wall:.1f}/{cpu:.1f}" for name, (wall, cpu) in result["stages"].items()),
+                flush=True)
             (run_dir / "cells.jsonl").unlink()
     # CPU seconds (user + system, all threads) are what contention changes least.
     print(f"\n{'rows':>10}{'wall s':>9}{'cpu s':>8}{'peak MiB':>10}{'KB/row':>8}   goal")

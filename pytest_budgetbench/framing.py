@@ -24,6 +24,7 @@ counted whole.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
@@ -31,6 +32,8 @@ from typing import NamedTuple
 
 from pytest_budgetbench.messages import Message
 
+MIN_PROBES = 4
+"""A case's framing is kept only if at least this many of its probes showed it."""
 CORE_ROLES: tuple[str, ...] = ("system", "user", "assistant")
 EXTRA_ROLES: tuple[str, ...] = ("tool", "developer")
 _PLAIN_KEYS = frozenset({"role", "content"})
@@ -137,9 +140,11 @@ def verify_additivity(whole: Count, per_message: Callable[[Message], int]) -> Ad
 def _observe(
     probes: Iterator[list[Message]], whole: Count, per_message: Callable[[Message], int]
 ) -> tuple[dict[Case, int], set[Case]]:
-    """The framing each case showed, and the cases whose probes disagree."""
+    """The framing each case showed (to at least MIN_PROBES probes), and the cases whose
+    probes disagree."""
     framings: dict[Case, int] = {}
     broken: set[Case] = set()
+    seen: Counter[Case] = Counter()
     for prompt in probes:
         case = case_of(prompt)
         try:
@@ -151,9 +156,10 @@ def _observe(
         except Exception:  # the template refuses a prompt that a sum would count
             broken.add(case)
             continue
+        seen[case] += 1
         if framings.setdefault(case, framing) != framing:
             broken.add(case)
-    return framings, broken
+    return {case: value for case, value in framings.items() if seen[case] >= MIN_PROBES}, broken
 
 
 def _probes(roles: Sequence[str], required: str | None = None) -> Iterator[list[Message]]:
