@@ -4,6 +4,11 @@ The runner counts the whole prompt, chat template included, and enforces the bud
 Strategies may use the same counter to plan, through per-message counts that are cached
 by content, but the runner's count of the final prompt is the one that is enforced.
 
+That count is exact either way. Where the counter's template was verified to allow it
+(``framing.verify_additivity``, run once per counter on probe prompts), a prompt is
+counted as the template's framing for its case plus its messages' cached counts, which
+costs no tokenizer call; elsewhere the whole prompt is rendered and tokenized.
+
 Counters by ``--budgetbench-tokenizer``:
 
 - ``gguf:<path>``: llama.cpp with ``vocab_only`` and the GGUF's own chat template. This
@@ -22,12 +27,13 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
+from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
 from pytest_budgetbench.messages import Message, text_of
 
 # A fixed system message that per-message counts are measured against (see count_message).
@@ -79,6 +85,10 @@ def prompt_sha256(messages: Sequence[Message]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+_VERIFIED: dict[tuple[type, Hashable], Additivity] = {}
+"""Additivity found per counter class and what its counts depend on (``_counts_like``)."""
+
+
 class TokenCounter(ABC):
     """Counts tokens of whole chat prompts and of single messages.
 
@@ -88,12 +98,16 @@ class TokenCounter(ABC):
 
     name: str = "counter"
     exact: bool = True
+    verifies_additivity: bool = True
+    """Whether to probe this counter's template for additivity (see :meth:`additivity`).
+    False where a probe is a network call."""
 
     def __init__(self) -> None:
         self._message_cache: dict[str, int] = {}
         self._text_cache: dict[str, int] = {}
         self._prompt_cache: dict[str, int] = {}
         self._overhead: int | None = None
+        self._additivity: Additivity | None = None
 
     @abstractmethod
     def _count_prompt(self, messages: Sequence[Message]) -> int:
@@ -106,9 +120,21 @@ class TokenCounter(ABC):
     def count_messages(self, messages: Sequence[Message]) -> int:
         """Tokens of the full prompt exactly as the model receives it.
 
-        Remembered per prompt: a sweep counts the same prompt at every budget it fits (and
+        The template's framing plus the messages' cached counts where the probes showed
+        that to equal the whole count (:meth:`framing`); otherwise the whole prompt,
+        remembered per prompt: a sweep counts the same prompt at every budget it fits (and
         truncation at a large budget sends full_context's prompt).
         """
+        framing = self.framing(messages)
+        if framing is not None:
+            try:
+                return framing + sum(self.count_message(m) for m in messages)
+            except Exception:  # a message the template cannot render: the whole count says why
+                pass
+        return self.count_whole(messages)
+
+    def count_whole(self, messages: Sequence[Message]) -> int:
+        """Tokens of the full prompt, rendered and tokenized as one (remembered per prompt)."""
         key = prompt_sha256(messages)
         cached = self._prompt_cache.get(key)
         if cached is None:
@@ -148,6 +174,34 @@ class TokenCounter(ABC):
         that render each message independently (ChatML and most others)."""
         return self.overhead() + sum(self.count_message(m) for m in messages)
 
+    def additivity(self) -> Additivity:
+        """Where this counter's prompts may be counted from their messages, verified on the
+        first call by probe prompts (framing.verify_additivity) and kept: for the process
+        where :meth:`_counts_like` names what the counts depend on, else for this counter."""
+        if self._additivity is None:
+            if not self.verifies_additivity:
+                self._additivity = NOT_VERIFIED
+                return self._additivity
+            like = self._counts_like()
+            key = None if like is None else (type(self), like)
+            found = _VERIFIED.get(key) if key is not None else None
+            if found is None:
+                found = verify_additivity(self._count_prompt, self.count_message)
+                if key is not None:
+                    _VERIFIED[key] = found
+            self._additivity = found
+        return self._additivity
+
+    def _counts_like(self) -> Hashable | None:
+        """What this counter's counts depend on beyond its class (a tokenizer file and a
+        template), so that counters alike share one verification; None: verify each."""
+        return None
+
+    def framing(self, messages: Sequence[Message]) -> int | None:
+        """The template's verified framing for this prompt (what it costs beyond its
+        messages' counts), or None where it must be counted whole."""
+        return self.additivity().framing(messages)
+
     def _anchor_tokens(self) -> int:
         key = "__anchor__"
         cached = self._message_cache.get(key)
@@ -174,6 +228,9 @@ class ApproxCounter(TokenCounter):
     def _count_prompt(self, messages: Sequence[Message]) -> int:
         return framed_estimate(messages, self._count_text)
 
+    def _counts_like(self) -> Hashable:
+        return "chars/4"
+
 
 class GGUFCounter(TokenCounter):
     """llama.cpp's tokenizer with ``vocab_only`` and the GGUF's own chat template.
@@ -185,7 +242,9 @@ class GGUFCounter(TokenCounter):
 
     exact = True
 
-    def __init__(self, model_path: str | Path) -> None:
+    def __init__(self, model_path: str | Path, chat_template: str | None = None) -> None:
+        """``chat_template`` renders instead of the GGUF's own (as a server started with
+        its own ``--chat-template`` would)."""
         super().__init__()
         from pytest_budgetbench.errors import require
 
@@ -204,10 +263,10 @@ class GGUFCounter(TokenCounter):
                 f"{path} is not a GGUF file llama.cpp can read ({exc}); pass the served "
                 "model's .gguf"
             ) from None
-        metadata = self._llama.metadata
-        template = metadata.get("tokenizer.chat_template")
+        template = chat_template or self._llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
+        self._identity = (str(path.resolve()), template)
         self._formatter = Jinja2ChatFormatter(
             template=template,
             eos_token=self._token_text(self._llama.token_eos()),
@@ -234,13 +293,18 @@ class GGUFCounter(TokenCounter):
     def _count_text(self, text: str) -> int:
         return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
 
+    def _counts_like(self) -> Hashable:
+        return self._identity
+
 
 class HFCounter(TokenCounter):
     """A transformers tokenizer loaded from a local directory or a tokenizer.json file."""
 
     exact = True
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, chat_template: str | None = None) -> None:
+        """``chat_template`` renders instead of the tokenizer's own (a tokenizer.json
+        alone has none)."""
         super().__init__()
         from pytest_budgetbench.errors import require
 
@@ -262,6 +326,8 @@ class HFCounter(TokenCounter):
                 "Pass a local directory with tokenizer files, or a tokenizer.json path."
             ) from exc
         self.name = f"hf:{path.name or source}"
+        if chat_template:
+            self._tok.chat_template = chat_template
         # Without a chat template we can only count content: say so in every row.
         self.exact = bool(getattr(self._tok, "chat_template", None))
 
@@ -295,6 +361,7 @@ class ServerCounter(TokenCounter):
 
     name = "server:/tokenize"
     exact = True
+    verifies_additivity = False  # a thousand probe requests would cost more than they save
     ROUTES: tuple[str, ...] = ("/tokenize", "/extras/tokenize")
 
     def __init__(

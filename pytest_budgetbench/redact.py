@@ -182,11 +182,20 @@ def first_line(text: object) -> str:
 
 def redact_obj(value: Any) -> Any:
     """``value`` with :func:`redact` applied to every string in it (dicts, lists, tuples)."""
+    return _redact_obj(value, {})
+
+
+def _redact_obj(value: Any, done: dict[str, str]) -> Any:
+    # ``done`` redacts each distinct string once: a report's item ids and statuses repeat
+    # in every cell, a million strings among a few thousand values.
     if isinstance(value, str):
-        return redact(value)
+        redacted = done.get(value)
+        if redacted is None:
+            redacted = done[value] = redact(value)
+        return redacted
     if isinstance(value, dict):
-        return {key: redact_obj(item) for key, item in value.items()}
+        return {key: _redact_obj(item, done) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [redact_obj(item) for item in value]
+        return [_redact_obj(item, done) for item in value]
     return value
 

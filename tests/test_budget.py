@@ -230,12 +230,14 @@ def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:
     assert str(missing) in str(info.value)
 
 
-def test_a_prompt_is_tokenized_once_however_often_it_is_counted(
+def test_a_prompt_counted_whole_is_tokenized_once_however_often_it_is_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from pytest_budgetbench import budget
 
     counter = budget.ApproxCounter()
+    # The whole-prompt path, as for a template that is not additive (tests/test_framing.py).
+    monkeypatch.setattr(counter, "verifies_additivity", False)
     calls: list[int] = []
     original = counter._count_prompt
 

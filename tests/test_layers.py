@@ -20,7 +20,7 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "lexicon", "redact", "registry", "options", "gguf_models"),
-    ("budget", "model", "launcher", "cache", "embeddings", "config", "cells"),
+    ("budget", "framing", "model", "launcher", "cache", "embeddings", "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),

@@ -53,6 +53,8 @@ class Report:
     out_dir: Path
     settings: ReportSettings
     rows: pd.DataFrame
+    """The merged rows, one per cell: the fields in load.REPORT_FIELDS and those the
+    extensions declare (every field if one declares none)."""
     items: pd.DataFrame
     summary: pd.DataFrame
     paired: pd.DataFrame
@@ -90,7 +92,8 @@ def build_report(
     settings = ReportSettings(reference, resamples, seed, prices)
     ref = tables.Reference.parse(reference)
     run_dirs = [Path(p) for p in run_dirs]
-    rows = load.load(run_dirs)
+    chosen = report_extensions() if extensions is None else list(extensions)
+    rows = load.load(run_dirs, row_fields(chosen))
     if ref.strategy is not None and not rows.empty and not (rows["strategy"] == ref.strategy).any():
         raise ValueError(
             f"reference {reference!r} names no strategy in these records; "
@@ -101,11 +104,22 @@ def build_report(
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)
-    chosen = report_extensions() if extensions is None else list(extensions)
     report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
                     extra_tables=_extra_tables(chosen, rows), extensions=chosen)
     _write(report, with_plots=plots)
     return report
+
+
+def row_fields(extensions: Sequence[ReportExtension]) -> list[str] | None:
+    """The row fields the extensions read besides the report's own (load.REPORT_FIELDS);
+    None, every field, if one of them does not say (it has no ``row_fields``)."""
+    fields: list[str] = []
+    for extension in extensions:
+        declared = getattr(extension, "row_fields", None)
+        if declared is None:
+            return None
+        fields.extend(declared)
+    return fields
 
 
 def _extra_tables(extensions: Sequence[ReportExtension], rows: pd.DataFrame

@@ -44,7 +44,13 @@ class ExtraTable:
 
 class ReportExtension(Protocol):
     """What an extension provides. Both methods see only the report's frames, never a
-    strategy object; either may return an empty list."""
+    strategy object; either may return an empty list.
+
+    An extension may also set ``row_fields``, a tuple of the row fields its ``tables``
+    reads beyond the report's own (``load.REPORT_FIELDS``), e.g. ``("strategy_info",)``:
+    the report then loads only those. Without it, every field is loaded, which costs
+    memory on large runs.
+    """
 
     name: str
 

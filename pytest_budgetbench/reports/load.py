@@ -1,14 +1,25 @@
 """Reading run records into one DataFrame: shards concatenate, resumed cells keep their
-last row, and columns get the types the tables expect."""
+last row, and columns get the types the tables expect.
+
+The files are streamed: a block of lines is parsed, turned into typed columns (numbers
+as float64 and int64, strings shared between rows) and dropped before the next block is
+read, so memory holds columns, not a dict per row. A report reads only the fields it
+needs (:data:`REPORT_FIELDS` and its extensions' ``row_fields``).
+"""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, RUN_FILE, read_jsonl
+from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, RUN_FILE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,6 +37,23 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "aux_s",
 )
 NO_CATEGORY = "(none)"
+REPORT_FIELDS: tuple[str, ...] = (
+    *CELL_KEY, "status", "category", "reference", *NUMERIC_FIELDS, "aux_calls",
+    "run_id", "model", "tokenizer", "error",
+)
+"""The row fields the report's own tables, facts and error list read."""
+
+BLOCK_BYTES = 8 << 20
+"""cells.jsonl is read in blocks of about this many bytes of whole lines."""
+
+_COLUMN_SAMPLE = 1000
+"""Keys beyond the schema become columns when one of the first this many rows has them."""
+
+# String fields with few distinct values: each distinct value is kept once per block, so a
+# million rows hold a million pointers to one "memory", not a million copies of it.
+_SHARED_STRINGS = frozenset({"task", "item_id", "strategy", "status", "category", "run_id",
+                             "model", "tokenizer", "error", "regime", "grader", "endpoint",
+                             "worker"})
 
 
 class ReportError(Exception):
@@ -37,34 +65,150 @@ def cells_path(run_dir: Path) -> Path:
     return run_dir if run_dir.is_file() else run_dir / CELLS_FILE
 
 
-def read_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every row of every run, in the order given (later runs win on duplicate cells)."""
-    rows: list[dict[str, Any]] = []
-    for run_dir in run_dirs:
-        if not run_dir.exists():
-            raise ReportError(f"run directory not found: {run_dir}")
-        rows.extend(_read_cells(cells_path(run_dir)))
-    return rows
+def load(run_dirs: Sequence[Path], fields: Iterable[str] | None = None) -> pd.DataFrame:
+    """The merged, de-duplicated rows of the given runs (shards, repeats, resumes).
+
+    ``fields`` keeps those row fields besides :data:`REPORT_FIELDS`, which are always
+    kept; None keeps every field (the schema's, and any other key of the first 1,000 rows).
+    """
+    paths = [_cells_file(run_dir) for run_dir in run_dirs]
+    with _collector_paused():
+        if fields is None:
+            columns = list(_columns(row for path in paths for block in row_blocks(path)
+                                    for row in block))
+        else:
+            columns = report_columns(fields)
+        blocks = [_typed(rows, columns) for path in paths for rows in row_blocks(path) if rows]
+    merged = _merged(blocks or [_typed([], columns)])
+    del blocks
+    _return_freed_memory()
+    return merged
 
 
-def _read_cells(path: Path) -> list[dict[str, Any]]:
-    """All rows of a cells file, parsed as one JSON array when every line is whole.
+def _return_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc only; elsewhere nothing).
 
-    One parse of the joined lines is about twice as fast as a parse per line; any bad line
-    (a torn write) falls back to read_jsonl, which skips it, so the result is the same.
+    The blocks' rows and columns were small allocations, freed once merged; glibc keeps
+    the holes they leave (about 200 MiB for a million rows), which the tables that follow
+    cannot all reuse, so they would count twice in the report's peak memory.
     """
     try:
-        data = path.read_bytes()
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return
+    trim(0)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Parsing makes millions of dicts and no reference cycles: the cyclic collector, which
+    would walk them over and over as they are made, waits until the rows are columns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def frame(rows: list[dict[str, Any]], fields: Iterable[str] | None = None) -> pd.DataFrame:
+    """Rows as a typed DataFrame with one row per cell key (the last row of a cell wins)."""
+    columns = list(_columns(rows)) if fields is None else report_columns(fields)
+    return _merged([_typed(rows, columns)])
+
+
+def read_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every row of every run, in the order given (later runs win on duplicate cells)."""
+    return [row for run_dir in run_dirs for block in row_blocks(_cells_file(run_dir))
+            for row in block]
+
+
+def report_columns(fields: Iterable[str]) -> list[str]:
+    """The frame's columns for these fields and the report's own, in schema order."""
+    wanted = dict.fromkeys([*REPORT_FIELDS, *fields])
+    return [*(name for name in ROW_FIELDS if name in wanted),
+            *(name for name in wanted if name not in ROW_FIELDS)]
+
+
+def _cells_file(run_dir: Path) -> Path:
+    if not run_dir.exists():
+        raise ReportError(f"run directory not found: {run_dir}")
+    return cells_path(run_dir)
+
+
+def row_blocks(path: Path, block_bytes: int = 0) -> Iterator[list[dict[str, Any]]]:
+    """The rows of a cells file, one block of whole lines at a time (none if it is absent)."""
+    try:
+        handle = path.open("rb")
     except FileNotFoundError:
-        return []
+        return
+    with handle:
+        rest = b""
+        while chunk := handle.read(block_bytes or BLOCK_BYTES):
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            if cut:
+                yield _parse(data[:cut])
+        if rest:  # a last line without its newline: whole, or a torn write
+            yield _parse(rest)
+
+
+def _parse(data: bytes) -> list[dict[str, Any]]:
+    """The rows of some whole lines; a line that is not a JSON object (a torn write) is
+    skipped, as read_jsonl does.
+
+    With orjson (the ``reports`` extra), each line is parsed by it, and any line it refuses
+    by ``json`` (which also reads NaN, huge integers and lone surrogates): the rows are
+    those ``json`` gives, three times as fast. Without it, one parse of the joined lines
+    is about twice as fast as a parse per line, which it falls back to at a bad line.
+    """
     lines = [line for line in data.split(b"\n") if line.strip()]
+    fast = fast_loads()
+    if fast is not None:
+        return [row for row in (_load_line(fast, line) for line in lines)
+                if isinstance(row, dict)]
     try:
         parsed = json.loads(b"[" + b",".join(lines) + b"]")
     except ValueError:
-        return list(read_jsonl(path))
+        return _parse_lines(lines)
     if len(parsed) != len(lines):  # a line held several values: not one row per line
-        return list(read_jsonl(path))
+        return _parse_lines(lines)
     return [row for row in parsed if isinstance(row, dict)]
+
+
+def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _load_line(fast: Callable[[bytes], Any], line: bytes) -> Any:
+    try:
+        return fast(line)
+    except ValueError:  # orjson.JSONDecodeError is one
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
+
+
+@cache
+def fast_loads() -> Callable[[bytes], Any] | None:
+    """orjson's parser where it is installed (looked up once, on first use), else None."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+    loads: Callable[[bytes], Any] = orjson.loads
+    return loads
 
 
 def read_run_info(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
@@ -92,11 +236,12 @@ def _aux_call_count(value: object) -> float:
     return float("nan")
 
 
-def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Rows as a typed DataFrame with one row per cell key (the last row of a cell wins)."""
+def _typed(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
+    """One block of rows as typed columns. Every step works row by row, so the blocks of
+    a file concatenate into what the whole file would give."""
     import pandas as pd
 
-    df = pd.DataFrame.from_records(rows, columns=list(_columns(rows)))
+    df = pd.DataFrame.from_records(rows, columns=columns)
     df = df.dropna(subset=["task", "item_id", "strategy", "budget"])
     df["task"] = df["task"].astype(str)
     df["item_id"] = df["item_id"].astype(str)
@@ -113,14 +258,50 @@ def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     df["aux_calls"] = df["aux_calls"].map(_aux_call_count).astype("float64")
     # Only scored, admitted cells have a quality; a stray value on another row is ignored.
     df.loc[df["status"] != "ok", "quality"] = float("nan")
-    df = df.drop_duplicates(subset=list(CELL_KEY), keep="last")
+    for name in _SHARED_STRINGS.intersection(df.columns):
+        df[name] = _shared(df[name])
+    return df
+
+
+def _shared(column: pd.Series) -> pd.Series:
+    """The column with each distinct value held once (parsed JSON makes a copy per row)."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        codes, distinct = pd.factorize(column)
+    except TypeError:  # an unhashable value (a hand-made row): keep the column as it is
+        return column
+    if not len(distinct):  # nothing but missing values
+        return column
+    values = np.asarray(distinct, dtype=object).take(codes)
+    missing = codes < 0
+    values[missing] = column.to_numpy(dtype=object)[missing]  # None stays None, NaN NaN
+    return pd.Series(values, index=column.index, dtype=column.dtype, name=column.name)
+
+
+def _merged(blocks: list[pd.DataFrame]) -> pd.DataFrame:
+    import pandas as pd
+
+    if len(blocks) == 1:
+        df = blocks[0]
+    else:
+        df = pd.concat(blocks, ignore_index=True)
+        # A block with only None in a column infers it as object where the whole file
+        # would infer str or float: infer again over all the blocks' values.
+        for name, dtype in df.dtypes.items():
+            if pd.api.types.is_object_dtype(dtype):
+                df[name] = df[name].infer_objects()
+    duplicate = df.duplicated(subset=list(CELL_KEY), keep="last")
+    if duplicate.any():  # resumed cells: keep their last row (no copy when there are none)
+        df = df.loc[~duplicate]
     return df.reset_index(drop=True)
 
 
-def _columns(rows: list[dict[str, Any]]) -> dict[str, None]:
+def _columns(rows: Iterable[dict[str, Any]]) -> dict[str, None]:
     # ROW_FIELDS first so an empty or partial file still yields every expected column.
     columns: dict[str, None] = dict.fromkeys(ROW_FIELDS)
-    for row in rows[:1000]:
+    for row in islice(rows, _COLUMN_SAMPLE):
         columns.update(dict.fromkeys(row))
     return columns
 
@@ -130,8 +311,3 @@ def _category(value: object) -> str:
         return NO_CATEGORY
     text = str(value)
     return text if text else NO_CATEGORY
-
-
-def load(run_dirs: Sequence[Path]) -> pd.DataFrame:
-    """The merged, de-duplicated rows of the given runs (shards, repeats, resumes)."""
-    return frame(read_rows(run_dirs))

@@ -5,7 +5,10 @@ the Pareto frontier. numpy only; every table and gate calls these functions.
 from __future__ import annotations
 
 import math
+import os
 import zlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from statistics import NormalDist
 
 import numpy as np
@@ -16,8 +19,10 @@ FloatArray = npt.NDArray[np.float64]
 CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 2000
 # Entries in one index matrix; larger samples are resampled in row chunks so memory stays
-# bounded (64 MiB of int32 indices plus 128 MiB of gathered values) whatever the item count.
-_CHUNK_ENTRIES = 1 << 24
+# bounded (16 MiB of int32 indices plus at most 32 MiB of gathered values, per thread)
+# whatever the item count. The draws are the same however they are chunked.
+_CHUNK_ENTRIES = 1 << 22
+_INT8_LIMIT = 127
 
 
 def cell_rng(seed: int, *key: object) -> np.random.Generator:
@@ -40,13 +45,30 @@ def resample_means(
         return np.empty(0, dtype=np.float64)
     # int32 indices halve the random bits drawn and the memory touched.
     dtype = np.int32 if n < 2**31 else np.int64
+    small = _small_integers(data)
     rows_per_chunk = max(1, _CHUNK_ENTRIES // n)
     means = np.empty(resamples, dtype=np.float64)
     for start in range(0, resamples, rows_per_chunk):
         stop = min(resamples, start + rows_per_chunk)
         index = rng.integers(0, n, size=(stop - start, n), dtype=dtype)
-        means[start:stop] = np.take(data, index).mean(axis=1)
+        # Indexing (unlike np.take) casts int32 indices in small buffers, not all at once.
+        if small is not None:
+            # Sums of small integers are exact in any order, so the integer sum over n is
+            # bit for bit the float mean, for an eighth of the memory traffic.
+            means[start:stop] = small[index].sum(axis=1, dtype=np.int64) / n
+        else:
+            means[start:stop] = data[index].mean(axis=1)
     return means
+
+
+def _small_integers(data: FloatArray) -> npt.NDArray[np.int8] | None:
+    """``data`` as int8 when every value is an integer of at most 127 in magnitude (0/1
+    scores and their paired differences), else None."""
+    if data.size * _INT8_LIMIT >= 2**53:  # an integer sum could exceed a float's precision
+        return None
+    if not (np.all(np.abs(data) <= _INT8_LIMIT) and np.array_equal(data, np.trunc(data))):
+        return None
+    return data.astype(np.int8)
 
 
 def percentile_interval(
@@ -74,6 +96,35 @@ def bootstrap_ci(
     differences: resampling differences is resampling items, which is the paired bootstrap.
     """
     return percentile_interval(resample_means(values, resamples, rng), confidence)
+
+
+def bootstrap_cis(
+    samples: Sequence[tuple[npt.ArrayLike, np.random.Generator]],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = CONFIDENCE,
+) -> list[tuple[float, float]]:
+    """:func:`bootstrap_ci` of each (values, generator), in order, on one thread per core.
+
+    numpy draws, gathers and sums without holding the GIL, and each sample has its own
+    generator, so the intervals are exactly those of one thread, in less wall time.
+    """
+    def one(sample: tuple[npt.ArrayLike, np.random.Generator]) -> tuple[float, float]:
+        values, rng = sample
+        return bootstrap_ci(values, resamples=resamples, rng=rng, confidence=confidence)
+
+    threads = min(len(samples), _cores())
+    if threads <= 1:
+        return [one(sample) for sample in samples]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return list(pool.map(one, samples))
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def is_binary(values: npt.ArrayLike) -> bool:

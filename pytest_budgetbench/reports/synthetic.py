@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,12 @@ def make_row(
     return CellRow(**(fields | extra)).record()
 
 
-def synthetic_rows(
+def synthetic_rows(**options: Any) -> list[dict[str, Any]]:
+    """The rows of :func:`iter_synthetic_rows` as a list."""
+    return list(iter_synthetic_rows(**options))
+
+
+def iter_synthetic_rows(
     *,
     tasks: Sequence[str] = ("memory",),
     strategies: Sequence[str] = ("full_context", "truncation", "recency", "summary", "rag"),
@@ -74,10 +79,11 @@ def synthetic_rows(
     reference: str = "full_context",
     seed: int = 0,
     run_id: str = "synthetic",
-) -> list[dict[str, Any]]:
+) -> Iterator[dict[str, Any]]:
+    """Rows for every task x item x budget x strategy x repeat, one at a time (a million
+    rows can be written without holding them)."""
     rng = random.Random(seed)
     top = max(budgets)
-    rows = []
     for task in tasks:
         for index in range(items):
             item_id = f"item{index:05d}"
@@ -90,7 +96,7 @@ def synthetic_rows(
                         tokens = length if is_ref else min(length, int(budget * 0.97))
                         fits = tokens <= budget and (is_ref or rng.random() > 0.02)
                         rate = 0.35 + 0.5 * min(tokens, top) / top - 0.03 * s_index
-                        rows.append(make_row(
+                        yield make_row(
                             task, item_id, strategy, budget,
                             status="ok" if fits else "violation",
                             quality=float(rng.random() < rate), repeat=repeat,
@@ -98,8 +104,7 @@ def synthetic_rows(
                             counted_tokens=tokens if fits else budget + 1 + tokens % 50,
                             run_id=run_id, model_s=round(0.2 + tokens / 4000, 4),
                             strategy_s=round(0.001 + 0.01 * s_index * rng.random(), 5),
-                        ))
-    return rows
+                        )
 
 
 def write_run(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, torn_tail: str = "") -> Path:

@@ -111,6 +111,7 @@ class BudgetMemReport:
     """The report extension: the tier table and the processing-cost plot."""
 
     name = "budgetmem"
+    row_fields = ("strategy_info",)
 
     def tables(self, rows: pd.DataFrame) -> list[ExtraTable]:
         return [ExtraTable(
