@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_budgetbench import gguf_models
+
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration
 
+
+USER_MODEL_DIR = gguf_models.model_dir()
+"""Where the user's fetched models are, read before pytester gives each test its own HOME."""
 
 SWEEP = ("--budgets=512,1024", "--budgetbench-items=3",
          "--budgetbench-strategies=truncation,full_context", "--budgetbench-tasks=memory",
@@ -76,14 +81,16 @@ def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: P
             server.stop()
 
 
-def test_the_default_model_counts_exactly_as_its_server(pytester: pytest.Pytester,
-                                                        tmp_path: Path) -> None:
+def test_the_default_model_counts_exactly_as_its_server(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Qwen2.5-Coder's template injects a system prompt when there is none: the runner's
     count must still be the server's."""
-    from pytest_budgetbench.gguf_models import QWEN, model_dir
+    from pytest_budgetbench.gguf_models import MODEL_DIR_ENV, QWEN
 
-    if not (model_dir() / QWEN.file_name).is_file():
+    if not (USER_MODEL_DIR / QWEN.file_name).is_file():
         pytest.skip("the default model is not fetched (budgetbench fetch-model)")
+    monkeypatch.setenv(MODEL_DIR_ENV, str(USER_MODEL_DIR))  # pytester moves HOME
     result = pytester.runpytest_subprocess(
         "--budgets=1024", "--budgetbench-items=2", "--budgetbench-strategies=truncation",
         "--budgetbench-task-options=history_tokens=600", f"--budgetbench-out={tmp_path}",
