@@ -45,7 +45,7 @@ def test_train_router_cache_outlives_the_embedded_servers_port(
     another port, is answered from the response cache and sends no request."""
     monkeypatch.setattr(model, "EmbeddedServer", FakeEmbeddedServer)
     monkeypatch.setattr(FakeEmbeddedServer, "started", [])
-    monkeypatch.setattr(embeddings, "make_embedder", lambda _name="": HashingEmbedder())
+    monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",
             "--batch", "2", "--budget", "900", "--out", str(tmp_path), "--tokenizer", "approx",
             "--fresh"]
