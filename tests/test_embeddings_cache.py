@@ -231,5 +231,5 @@ def test_the_backend_option_defaults_to_the_embedders_default_and_is_checked() -
 
     assert load(None).embedding_backend == DEFAULT_BACKEND == Settings().embedding_backend
     assert load("torch").embedding_backend == "torch"
-    with pytest.raises(ConfigError, match=re.escape("onnx-int8|onnx|torch (got")):
+    with pytest.raises(ConfigError, match=re.escape("onnx|onnx-int8|torch (got")):
         load("tensorflow")

@@ -12,7 +12,7 @@ only then the model, which is loaded on that first miss: a fully cached run neve
 torch, sentence-transformers or onnxruntime. Misses of one call are computed in one
 batched pass, sorted by length (:mod:`~pytest_budgetbench.embeddings.backends`).
 
-Backends (``--budgetbench-embedding-backend``): ``onnx-int8`` (default), ``onnx`` and
+Backends (``--budgetbench-embedding-backend``): ``onnx`` (default), ``onnx-int8`` and
 ``torch``; each has its own vector space (:attr:`SentenceTransformerEmbedder.space`), so a
 cache never hands one backend's vector to another. Nothing heavy is imported at module
 import.
