@@ -271,22 +271,18 @@ def ours(items: Sequence[tuple[str, list[Message]]], budgets: Sequence[int], ggu
 
 def peer_table(datasets: dict[str, list[tuple[str, list[Message]]]], gguf: Path,
                backend: str) -> None:
-    import chromadb
-    from chromadb.config import Settings
-
     from pytest_budgetbench.embeddings.backends import load_sentence_transformer
 
     print(f"\nrag against BudgetBench's RAG (load at start {os.getloadavg()[0]:.2f}; rag on "
           f"{DEFAULT_MODEL}#{backend}, the peer on torch with "
           f"{__import__('torch').get_num_threads()} threads)\n")
-    client = chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False))
+    client = STORE.client()  # one in-memory chromadb per process, as rag's
     minilm = load_sentence_transformer(resolve_model_path(DEFAULT_MODEL), DEFAULT_MODEL)
     minilm.encode("warm-up sentence", show_progress_bar=False)
     with tempfile.TemporaryDirectory() as scratch:
         embedder = SentenceTransformerEmbedder(
             backend=backend, store=VectorStore(Path(scratch) / STORE_FILE))
         embedder.embed(["warm-up sentence"])  # loads the model (and exports it, once)
-        STORE.client()
         print("| data | budgets | cells | BudgetBench ms/cell | rag cold ms/cell "
               "(embedded/item) | rag warm ms/cell | ratio cold | ratio warm | load |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
