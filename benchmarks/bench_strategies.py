@@ -270,12 +270,17 @@ def ours(items: Sequence[tuple[str, list[Message]]], budgets: Sequence[int], ggu
 
 
 def peer_table(datasets: dict[str, list[tuple[str, list[Message]]]], gguf: Path,
-               backend: str) -> None:
+               backend: str, peer_threads: int | None) -> None:
+    import torch
+
     from pytest_budgetbench.embeddings.backends import load_sentence_transformer
+
+    if peer_threads:
+        torch.set_num_threads(peer_threads)
 
     print(f"\nrag against BudgetBench's RAG (load at start {os.getloadavg()[0]:.2f}; rag on "
           f"{DEFAULT_MODEL}#{backend}, the peer on torch with "
-          f"{__import__('torch').get_num_threads()} threads)\n")
+          f"{torch.get_num_threads()} threads)\n")
     client = STORE.client()  # one in-memory chromadb per process, as rag's
     minilm = load_sentence_transformer(resolve_model_path(DEFAULT_MODEL), DEFAULT_MODEL)
     minilm.encode("warm-up sentence", show_progress_bar=False)
@@ -308,6 +313,9 @@ def main() -> None:
     parser.add_argument("--locomo", type=Path, default=LOCOMO)
     parser.add_argument("--backend", default=DEFAULT_BACKEND,
                         help="rag's embedding backend in the peer table")
+    parser.add_argument("--peer-threads", type=int, default=None,
+                        help="torch threads of the peer (default: torch's, all cores; under "
+                        "load 1 is faster)")
     parser.add_argument("--baseline-only", action="store_true",
                         help="only the table against BudgetBench's RAG")
     args = parser.parse_args()
@@ -322,7 +330,7 @@ def main() -> None:
               f"{statistics.mean(len(m) for _id, m in items):.0f} messages each")
     if not args.baseline_only:
         report({k: v for k, v in datasets.items() if k != "locomo"}, gguf)
-    peer_table(datasets, gguf, args.backend)
+    peer_table(datasets, gguf, args.backend, args.peer_threads)
 
 
 if __name__ == "__main__":
