@@ -145,6 +145,13 @@ def _reference(raw: str) -> str:
     return raw
 
 
+def _embedding_backend(raw: str) -> str:
+    # The embeddings package owns the list; it is imported only when a value is given.
+    from pytest_budgetbench.embeddings import check_backend
+
+    return check_backend(raw)
+
+
 def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
     def parse(raw: str) -> dict[str, str]:
         pairs: dict[str, str] = {}
@@ -293,6 +300,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("embedding_model", "sentence-transformers model name or local directory for "
                "the run's embedder (retrieval strategies)", str, "all-MiniLM-L6-v2",
                metavar="NAME_OR_DIR"),
+    OptionSpec("embedding_backend", "how the embedder runs: onnx (an ONNX export on "
+               "onnxruntime, ranks as torch does) | onnx-int8 (int8 weights: faster, "
+               "rankings differ on some queries) | torch; each backend's vectors are "
+               "cached apart", _embedding_backend, "onnx", metavar="onnx|onnx-int8|torch"),
     OptionSpec("repeats", "run each cell K times (repeats are averaged per item in reports)",
                _positive_int("--budgetbench-repeats"), 1, metavar="K"),
     OptionSpec("shuffle", "randomise cell order with the seed: on | off",
@@ -375,6 +386,7 @@ class Settings:
     retries: int = 3
     threads: int | None = None
     embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_backend: str = "onnx"
     judge_endpoint: str | None = None
     judge_model: str | None = None
     repeats: int = 1

@@ -91,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "threads", metavar="N",
         help="CPU threads of the embedded server (default: the cores it may use)"))
     parser.add_argument("--embedding-model", **from_option("embedding_model"))
+    parser.add_argument("--embedding-backend", **from_option("embedding_backend"))
     parser.add_argument("--cache", default="", metavar="PATH",
                         help="response cache file (default DIR/responses.sqlite; 'off' for none)")
     parser.add_argument("--fresh", action="store_true",
@@ -133,6 +134,7 @@ def training_settings(args: argparse.Namespace) -> Settings:
         model=args.model, max_tokens=args.max_tokens, temperature=0.0,
         api_key_env=args.api_key_env, tokenizer=args.tokenizer, out=str(args.out),
         audit="off", threads=args.threads, embedding_model=args.embedding_model,
+        embedding_backend=args.embedding_backend,
         strategy_options={AXIS_OPTION: args.axis, TOP_K_OPTION: str(args.top_k)},
     )
 
@@ -169,7 +171,7 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
         raise
     env = PipelineEnvironment(
         runner=runner, task=task.name, items=items,
-        embedder_factory=wiring.embedder_factory(settings.embedding_model),
+        embedder_factory=wiring.embedder_factory(settings, _embedding_store_path(args)),
         budget=args.budget, cost=args.cost,
         prices=(args.price_in or 0.0, args.price_out or 0.0),
         meta={"task": args.task, "split": args.split, "items": len(items), "axis": args.axis,
@@ -179,11 +181,23 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     return env, close
 
 
-def _response_store(args: argparse.Namespace, run_id: str) -> ResponseStore | None:
-    """--cache: a file, 'off', or (default) DIR/responses.sqlite."""
+def _response_cache_path(args: argparse.Namespace) -> Path | None:
+    """--cache: a file, 'off' (None), or (default) DIR/responses.sqlite."""
     if args.cache == "off":
         return None
     from pytest_budgetbench.cache import CACHE_FILE
 
-    path = Path(args.cache) if args.cache else args.out / CACHE_FILE
-    return wiring.open_response_store(path, run_id)
+    return Path(args.cache) if args.cache else args.out / CACHE_FILE
+
+
+def _response_store(args: argparse.Namespace, run_id: str) -> ResponseStore | None:
+    path = _response_cache_path(args)
+    return None if path is None else wiring.open_response_store(path, run_id)
+
+
+def _embedding_store_path(args: argparse.Namespace) -> Path | None:
+    """The embedding cache beside the response cache; none with --cache=off."""
+    from pytest_budgetbench.embeddings import STORE_FILE
+
+    path = _response_cache_path(args)
+    return None if path is None else path.with_name(STORE_FILE)

@@ -184,13 +184,30 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
     return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
 
 
-def embedder_factory(name: str) -> Callable[[], Embedder]:
-    """Loads the embedding model ``name`` when a strategy first asks for it."""
+def embedding_store_path(settings: Settings, run_dir: Path) -> Path:
+    """The persistent embedding cache, ``embeddings.sqlite`` beside the response cache; with
+    --budgetbench-cache=off it is private to the run directory, as the replies are. A vector
+    is a function of its model, backend and text, so sampled runs (no response cache) and
+    refresh runs share the store too: nothing in it goes stale."""
+    from pytest_budgetbench.cache import CACHE_FILE
+    from pytest_budgetbench.embeddings import STORE_FILE
+
+    if settings.cache_mode == "off":
+        return run_dir / STORE_FILE
+    responses = Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
+    return responses.with_name(STORE_FILE)
+
+
+def embedder_factory(settings: Settings, store_path: Path | None) -> Callable[[], Embedder]:
+    """The run's embedder (``settings.embedding_model`` on ``settings.embedding_backend``,
+    vectors kept in ``store_path``), made when a strategy first asks for it; its model
+    loads only on the first vector that neither memory nor the store holds."""
 
     def factory() -> Embedder:
         from pytest_budgetbench.embeddings import make_embedder
 
-        return make_embedder(name)
+        return make_embedder(settings.embedding_model, backend=settings.embedding_backend,
+                             store_path=store_path)
 
     return factory
 
@@ -224,6 +241,7 @@ def make_runner(
         run_id,
         tokens=tokens or make_counter(settings.tokenizer, endpoint, settings.api_key),
         chat=chat(endpoint, launcher),
-        embedder_factory=embedder_factory(settings.embedding_model),
+        embedder_factory=embedder_factory(settings,
+                                          embedding_store_path(settings, store.run_dir)),
         aux_chats={name: chat(target) for name, target in (aux_endpoints or {}).items()},
     )

@@ -1,4 +1,5 @@
-"""The MiniLM embedder: offline load, content-hash cache, one instance per name."""
+"""The MiniLM embedder on real weights: offline load, every backend normalised and
+semantic, content-hash cache, one instance per name, ONNX rankings equal to torch's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.embeddings import DEFAULT_MODEL, make_embedder, resolve_model_path
+from pytest_budgetbench.embeddings import (
+    BACKENDS,
+    DEFAULT_MODEL,
+    SentenceTransformerEmbedder,
+    make_embedder,
+    resolve_model_path,
+)
 from pytest_budgetbench.errors import ConfigError
 
 pytest.importorskip("sentence_transformers")
@@ -32,8 +39,9 @@ def test_one_shared_embedder_per_name() -> None:
     assert make_embedder(DEFAULT_MODEL) is make_embedder(DEFAULT_MODEL)
 
 
-def test_vectors_are_normalised_and_semantic() -> None:
-    embedder = make_embedder(DEFAULT_MODEL)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vectors_are_normalised_and_semantic(backend: str) -> None:
+    embedder = make_embedder(DEFAULT_MODEL, backend=backend)
     dog, puppy, tax = embedder.embed(
         ["My dog is called Biscuit.", "I have a puppy named Biscuit.", "Quarterly tax filing."]
     )
@@ -64,7 +72,7 @@ def test_unknown_model_is_one_clear_line() -> None:
 def test_bad_model_directory_is_one_clear_line(tmp_path: Path) -> None:
     empty = tmp_path
     with pytest.raises(ConfigError) as error:
-        make_embedder(str(empty))
+        make_embedder(str(empty)).embed(["the model loads on the first miss"])
     assert "\n" not in str(error.value) and "cannot load embedding model" in str(error.value)
 
 
@@ -85,3 +93,44 @@ def test_loading_opens_no_connection_and_leaves_the_environment_alone() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+PASSAGES = (
+    "My dog Biscuit chewed through the garden fence again this morning.",
+    "The quarterly tax return has to be filed before the thirtieth of April.",
+    "We spent our honeymoon hiking in the mountains above Kyoto.",
+    "I switched from the piano to the cello when I turned twelve.",
+    "The new Volvo gets much better mileage than my old pickup truck.",
+    "Grandma's lemon cake recipe needs three eggs and a cup of sugar.",
+    "The server crashed because the disk filled up with log files.",
+    "Our football team lost the final on penalties after extra time.",
+    "The doctor said my knee needs six weeks of physiotherapy.",
+    "I prefer green tea in the morning and coffee after lunch.",
+)
+QUERIES = {
+    "What did the dog damage?": 0,
+    "When is the tax deadline?": 1,
+    "Where did we go on our honeymoon?": 2,
+    "Which instrument do I play now?": 3,
+    "What car did I buy?": 4,
+    "How many eggs go into the cake?": 5,
+    "Why did the server go down?": 6,
+    "How did the football final end?": 7,
+    "What did the doctor say about my knee?": 8,
+    "What do I drink in the morning?": 9,
+}
+
+
+def _top1(embedder: SentenceTransformerEmbedder) -> list[int]:
+    passages = embedder.embed(list(PASSAGES))
+    queries = embedder.embed(list(QUERIES))
+    return [max(range(len(passages)),
+                key=lambda i, q=q: sum(a * b for a, b in zip(q, passages[i], strict=True)))
+            for q in queries]
+
+
+@pytest.mark.parametrize("backend", ["onnx", "onnx-int8"])
+def test_onnx_ranks_clear_queries_as_torch_does(backend: str) -> None:
+    torch_top1 = _top1(make_embedder(DEFAULT_MODEL, backend="torch"))
+    assert torch_top1 == list(QUERIES.values())  # the queries are clear for the model
+    assert _top1(make_embedder(DEFAULT_MODEL, backend=backend)) == torch_top1

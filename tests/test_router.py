@@ -309,7 +309,7 @@ def test_train_router_command_trains_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     server = FakeOpenAI().start()
-    monkeypatch.setattr(embeddings, "make_embedder", lambda _name="": HashingEmbedder())
+    monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",
             "--batch", "2", "--budget", "900", "--lambda", "0.25", "--out", str(tmp_path),
             "--endpoint", server.base_url, "--model", "fake-model", "--tokenizer", "approx"]

@@ -50,7 +50,7 @@ def test_train_router_rerun_from_the_cache_starts_no_server(
     the response cache, so its server, started on the first miss, never starts."""
     monkeypatch.setattr(model, "EmbeddedServer", FakeEmbeddedServer)
     monkeypatch.setattr(FakeEmbeddedServer, "started", [])
-    monkeypatch.setattr(embeddings, "make_embedder", lambda _name="": HashingEmbedder())
+    monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",
             "--batch", "2", "--budget", "900", "--out", str(tmp_path), "--tokenizer", "approx",
             "--fresh"]

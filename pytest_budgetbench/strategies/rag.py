@@ -86,6 +86,12 @@ class ChunkStore:
                 client.delete_collection(self._collections.popitem(last=False)[0])
             return collection
 
+    def clear(self) -> None:
+        """Drop every kept collection (benchmarks: a new process starts without them)."""
+        with self._lock:
+            while self._collections:
+                self.client().delete_collection(self._collections.popitem()[0])
+
     @staticmethod
     def _add(
         client: Any, collection: Any, texts: Sequence[str], vectors: Sequence[Sequence[float]]
