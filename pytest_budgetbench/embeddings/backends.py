@@ -42,7 +42,9 @@ DEFAULT_BACKEND = "onnx"
 """The fastest backend whose rankings match torch's (benchmarks/bench_embeddings.py):
 ``onnx`` ranked as torch did on every LongBench v2, LoCoMo and memory query (vectors
 within 1e-6); ``onnx-int8`` is about 2.5x faster again, but its best candidate differed
-from torch's on 10-20% of queries (dynamic int8 activations), so it is opt-in."""
+from torch's on 20-33% of LoCoMo and LongBench v2 queries, and since dynamic quantisation
+scales activations per batch, its vector of a text shifts slightly with the texts batched
+beside it; so it is opt-in."""
 EXPORT_VERSION = 1
 """Bump when the export (graph, quantisation, tokenizer settings) changes: a new version is
 a new directory and a new vector space, so old exports and vectors are never reused."""
