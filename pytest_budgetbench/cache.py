@@ -96,19 +96,15 @@ def _switch_to_wal(db: sqlite3.Connection, attempts: int = 50) -> None:
             time.sleep(0.05 * (attempt + 1))
 
 
-class ResponseStore:
-    """Replies and in-flight claims in one SQLite file (WAL: readers never block)."""
+class SharedDatabase:
+    """One SQLite file shared by threads, xdist workers and runs: a connection per thread,
+    WAL (readers never block), and ``BEGIN IMMEDIATE`` transactions."""
 
-    def __init__(self, path: Path, *, run_id: str, this_run_only: bool = False,
-                 stale_after_s: float = 3600.0) -> None:
+    def __init__(self, path: Path, schema: str) -> None:
         self.path = path
-        self.run_id = run_id
-        self.this_run_only = this_run_only
-        self.stale_after_s = stale_after_s
-        self._host = socket.gethostname()
         self._local = threading.local()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db().executescript(_SCHEMA)
+        self._db().executescript(schema)
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
@@ -129,6 +125,18 @@ class ResponseStore:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+
+class ResponseStore(SharedDatabase):
+    """Replies and in-flight claims in one SQLite file (WAL: readers never block)."""
+
+    def __init__(self, path: Path, *, run_id: str, this_run_only: bool = False,
+                 stale_after_s: float = 3600.0) -> None:
+        self.run_id = run_id
+        self.this_run_only = this_run_only
+        self.stale_after_s = stale_after_s
+        self._host = socket.gethostname()
+        super().__init__(path, _SCHEMA)
 
     @property
     def _owner(self) -> str:

@@ -8,18 +8,15 @@ vectors at once each insert or ignore (a vector is a function of its key, so the
 one written is as good as any).
 
 The file sits beside the response cache, as ``embeddings.sqlite`` (see
-``wiring.embedding_cache_path``); nothing in it ever goes stale, so it has no refresh mode.
+``wiring.embedding_store_path``); nothing in it ever goes stale, so it has no refresh mode.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_budgetbench.cache import _switch_to_wal
+from pytest_budgetbench.cache import SharedDatabase
 
 STORE_FILE = "embeddings.sqlite"
 
@@ -36,34 +33,11 @@ CREATE TABLE IF NOT EXISTS vectors (
 _KEYS_PER_QUERY = 500
 
 
-class VectorStore:
+class VectorStore(SharedDatabase):
     """Vectors as float32 bytes, by (space, text key), in one SQLite file."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db().executescript(_SCHEMA)
-
-    def _db(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            _switch_to_wal(db)
-            db.execute("PRAGMA synchronous=NORMAL")
-            self._local.db = db
-        return db
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        super().__init__(path, _SCHEMA)
 
     def load(self, space: str, keys: Sequence[str]) -> dict[str, bytes]:
         """The stored vectors of ``keys`` in ``space`` (absent keys are left out)."""
