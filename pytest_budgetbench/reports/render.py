@@ -185,7 +185,7 @@ def md_escape(value: str) -> str:
     return " ".join(escaped.split())
 
 
-def _md_table(headers: list[str], body: list[list[str]]) -> str:
+def md_table(headers: list[str], body: list[list[str]]) -> str:
     if not body:
         return "_no rows_\n"
     lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
@@ -199,7 +199,7 @@ def render_markdown(doc: Document, out_dir: Path) -> str:
     parts += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in doc.facts]
     for index, (heading, note, (headers, body)) in enumerate(doc.sections):
         parts.append(f"\n## {md_escape(heading)}\n\n{md_escape(note)}\n")
-        parts.append(_md_table(headers, body))
+        parts.append(md_table(headers, body))
         if index == 0 and doc.plots:
             parts.append("\n## Plots\n")
             parts.extend(
@@ -208,7 +208,7 @@ def render_markdown(doc: Document, out_dir: Path) -> str:
             )
     if doc.errors:
         parts.append("\n## Errors\n")
-        parts.append(_md_table(["strategy", "cells", "message"],
+        parts.append(md_table(["strategy", "cells", "message"],
                                [[s, str(n), m] for s, m, n in doc.errors]))
     return "\n".join(parts) + "\n"
 

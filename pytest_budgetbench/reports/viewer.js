@@ -160,7 +160,7 @@
       holder.appendChild(table);
     }
     draw();
-    panel.scrollIntoView();
+    panel.scrollTop = 0;
   }
 
   // -- an item: every cell side by side -------------------------------------------------
@@ -181,7 +181,7 @@
     var columns = el("div", "bb-cols");
     item.rows.forEach(function (row) { columns.appendChild(column(item, row)); });
     panel.appendChild(columns);
-    panel.scrollIntoView();
+    panel.scrollTop = 0;
   }
 
   function column(item, row) {
@@ -310,7 +310,11 @@
     }
   }
 
+  // Without JavaScript, #cell=N is the id of that cell's item table; with it, the panel
+  // (an overlay) shows the cell, and the page behind must not scroll to the table.
+  Array.prototype.forEach.call(document.querySelectorAll("details.bb-cell"), function (d) {
+    d.removeAttribute("id");
+  });
   window.addEventListener("hashchange", route);
-  document.documentElement.classList.add("bb-js");
   route();
 }());

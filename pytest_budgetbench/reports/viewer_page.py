@@ -23,7 +23,8 @@ from typing import Any
 from pytest_budgetbench.reports.viewer import page_json
 
 STYLE = """
-#bb-viewer{border:2px solid #0969da;border-radius:6px;padding:8px 12px;margin:16px 0}
+#bb-viewer{position:fixed;inset:10px;overflow:auto;z-index:10;background:#fff;
+border:2px solid #0969da;border-radius:6px;padding:8px 12px;box-shadow:0 4px 24px #0004}
 .bb-bar{display:flex;align-items:baseline;gap:16px}.bb-bar h2{border:0;margin:4px 0}
 .bb-close{margin-left:auto;font-size:13px}
 .bb-filters{display:flex;gap:14px;font-size:13px;margin:6px 0}
