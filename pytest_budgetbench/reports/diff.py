@@ -56,12 +56,12 @@ class RunDiff:
     def regressions(self, tolerance: float) -> list[str]:
         """A line per cell whose quality change's upper bound is below -tolerance."""
         lines = []
-        for row in self.table.itertuples(index=False):
-            if not math.isnan(row.delta_hi) and row.delta_hi < -tolerance:
+        for row in report_json.records(self.table):  # NaN -> None
+            if row["delta_hi"] is not None and row["delta_hi"] < -tolerance:
                 lines.append(
-                    f"{row.task}: {row.strategy}@{row.budget}: quality changed by "
-                    f"{row.delta:+.3f} over {row.n_paired} paired items (95% CI "
-                    f"[{row.delta_lo:+.3f}, {row.delta_hi:+.3f}]), below -{tolerance:g}"
+                    f"{row['task']}: {row['strategy']}@{row['budget']}: quality changed by "
+                    f"{row['delta']:+.3f} over {row['n_paired']} paired items (95% CI "
+                    f"[{row['delta_lo']:+.3f}, {row['delta_hi']:+.3f}]), below -{tolerance:g}"
                 )
         return lines
 
@@ -94,10 +94,10 @@ def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
 
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     cells = []
-    for row in table.itertuples(index=False):
-        cells.append(viewer.ViewerCell("A", row.task, row.strategy, int(row.budget)))
-        cells.append(viewer.ViewerCell("B", row.task, row.strategy, int(row.budget),
-                                       ref=len(cells) - 1))
+    for record in records:
+        task, strategy, budget = str(record["task"]), str(record["strategy"]), record["budget"]
+        cells.append(viewer.ViewerCell("A", task, strategy, budget))
+        cells.append(viewer.ViewerCell("B", task, strategy, budget, ref=len(cells) - 1))
     return RunDiff(Path(run_a), Path(run_b), table, flips, resamples, seed, cells)
 
 
@@ -178,10 +178,10 @@ def _flips(group: pd.DataFrame) -> list[dict[str, Any]]:
         & (group["quality_a"] != group["quality_b"])
     )
     return [
-        {"task": row.task, "strategy": row.strategy, "budget": int(row.budget),
-         "item_id": row.item_id, "status_a": row.status_a, "status_b": row.status_b,
-         "quality_a": _number(row.quality_a), "quality_b": _number(row.quality_b)}
-        for row in group.loc[moved].itertuples(index=False)
+        {"task": row["task"], "strategy": row["strategy"], "budget": int(row["budget"]),
+         "item_id": row["item_id"], "status_a": row["status_a"], "status_b": row["status_b"],
+         "quality_a": _number(row["quality_a"]), "quality_b": _number(row["quality_b"])}
+        for row in group.loc[moved].to_dict(orient="records")
     ]
 
 
