@@ -178,9 +178,38 @@
       facts.appendChild(el("dd", "bb-pre", pair[1]));
     });
     panel.appendChild(facts);
+    // Columns by budget, then in the summary's strategy order: one budget's strategies
+    // stand next to each other. Filters narrow them to a strategy or a budget.
+    var rows = item.rows.slice().sort(function (a, b) {
+      return (data.cells[a.c].budget - data.cells[b.c].budget) || (a.c - b.c) || (a.r - b.r);
+    });
+    function distinct(name) {
+      return ["all"].concat(Array.from(new Set(rows.map(function (row) {
+        return String(data.cells[row.c][name]);
+      }))));
+    }
+    var filters = el("div", "bb-filters");
+    var bySide = select("run", distinct("side"), draw);
+    var byStrategy = select("strategy", distinct("strategy"), draw);
+    var byBudget = select("budget", distinct("budget"), draw);
+    if (bySide.box.options.length > 2) { filters.appendChild(bySide.node); }
+    filters.appendChild(byStrategy.node);
+    filters.appendChild(byBudget.node);
+    panel.appendChild(filters);
     var columns = el("div", "bb-cols");
-    item.rows.forEach(function (row) { columns.appendChild(column(item, row)); });
     panel.appendChild(columns);
+
+    function draw() {
+      while (columns.firstChild) { columns.removeChild(columns.firstChild); }
+      rows.forEach(function (row) {
+        var cell = data.cells[row.c];
+        if ([[bySide, "side"], [byStrategy, "strategy"], [byBudget, "budget"]].some(function (f) {
+          return f[0].box.value !== "all" && String(cell[f[1]]) !== f[0].box.value;
+        })) { return; }
+        columns.appendChild(column(item, row));
+      });
+    }
+    draw();
     panel.scrollTop = 0;
   }
 

@@ -29,7 +29,8 @@ border:2px solid #0969da;border-radius:6px;padding:8px 12px;box-shadow:0 4px 24p
 .bb-close{margin-left:auto;font-size:13px}
 .bb-filters{display:flex;gap:14px;font-size:13px;margin:6px 0}
 .bb-cols{display:flex;gap:10px;overflow-x:auto;align-items:flex-start;padding-bottom:8px}
-.bb-col{flex:0 0 360px;border:1px solid #d0d7de;border-radius:6px;padding:6px 8px;font-size:12px}
+.bb-col{flex:0 0 380px;max-width:380px;min-width:0;overflow:hidden;border:1px solid #d0d7de;
+border-radius:6px;padding:6px 8px;font-size:12px}
 .bb-col h3{font-size:14px;margin:2px 0 6px}.bb-col dl{font-size:12px}
 .bb-pre{white-space:pre-wrap;word-break:break-word;font-family:ui-monospace,monospace;
 font-size:12px;margin:2px 0;max-height:22em;overflow:auto}
