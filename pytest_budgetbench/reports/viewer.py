@@ -150,26 +150,33 @@ def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
         handle = path.open("rb")
     except OSError:
         return
+    known: dict[tuple[bytes, bytes], tuple[str, str] | None] = {}  # raw ids -> ids
     with handle:
         for line in handle:
-            ids = _line_ids(line) if picked.full else None
-            if ids is not None and ids[1] not in picked.item_ids:
-                picked.left_out.add(ids)
-                continue
+            if picked.full:
+                ids = _line_ids(line, known)
+                if ids is not None and ids[1] not in picked.item_ids:
+                    picked.left_out.add(ids)
+                    continue
             row = _parse_line(line)
             if row is not None:
                 yield row
 
 
-def _line_ids(line: bytes) -> tuple[str, str] | None:
-    """(task, item_id) of a cells.jsonl line, without parsing it; None if not found."""
+def _line_ids(line: bytes, known: dict[tuple[bytes, bytes], tuple[str, str] | None]
+              ) -> tuple[str, str] | None:
+    """(task, item_id) of a cells.jsonl line, without parsing it; None if not found. An
+    item's rows share their ids' text, so each is decoded once (``known``)."""
     task, item = _TASK.search(line), _ITEM_ID.search(line)
     if task is None or item is None:
         return None
-    try:
-        return str(json.loads(task.group(1))), str(json.loads(item.group(1)))
-    except ValueError:
-        return None
+    raw = (task.group(1), item.group(1))
+    if raw not in known:
+        try:
+            known[raw] = (str(json.loads(raw[0])), str(json.loads(raw[1])))
+        except ValueError:
+            known[raw] = None
+    return known[raw]
 
 
 def _parse_line(line: bytes) -> dict[str, Any] | None:
