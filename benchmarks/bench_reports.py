@@ -34,7 +34,7 @@ CELLS_PER_ITEM = 25  # 5 strategies x 5 budgets, one task, one repeat
 CHILD = """\
 import functools, json, resource, sys, time
 from pathlib import Path
-from pytest_budgetbench.reports import builder, load, tables
+from pytest_budgetbench.reports import builder, load, tables, viewer
 
 stages = {}
 depth = [0]
@@ -59,6 +59,18 @@ load.load = timed("read cells.jsonl", load.load)
 for name in ("item_table", "summary_table", "paired_table", "category_table"):
     setattr(tables, name, timed(name, getattr(tables, name)))
 builder._write = timed("write files + plots", builder._write)
+
+def timed_within(label, function):  # a stage inside another, timed whatever the depth
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            stages[label] = (time.perf_counter() - started, time.process_time() - cpu)
+    return wrapper
+
+viewer.viewer_data = timed_within("(of which the viewer's data)", viewer.viewer_data)
 run_dir, out, resamples = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 started = time.perf_counter()
 report = builder.build_report([run_dir], out, resamples=resamples)

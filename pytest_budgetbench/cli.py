@@ -9,6 +9,7 @@ Exit status: 0 success, 1 a gate failed, 2 bad usage or unreadable records.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -88,6 +89,76 @@ def run_report(args: argparse.Namespace) -> int:
     for reason in reasons:
         print(f"budgetbench: gate failed: {reason}", file=sys.stderr)
     return EXIT_GATE_FAILED if reasons else EXIT_OK
+
+
+# -- diff -----------------------------------------------------------------------------------
+DIFF_FORMATS = ("text", "md", "json")
+
+
+def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "diff",
+        help="compare two runs of the same cells item by item (B minus A)",
+        description="Pair each cell (task, strategy@budget) that RUN_A and RUN_B both hold by "
+        "item, and print the change in quality, tokens and latency with 95%% paired bootstrap "
+        "intervals, the status changes and the items that flipped. --format=md prints a "
+        "summary for a pull-request comment; --out writes diff.md, diff.json and diff.html "
+        "(with the item viewer). With --fail-on-regression=D, exit 1 when a cell's quality "
+        "change has its upper bound below -D.",
+    )
+    parser.add_argument("run_a", type=Path, metavar="RUN_A",
+                        help="the run compared against (a run directory or its cells.jsonl)")
+    parser.add_argument("run_b", type=Path, metavar="RUN_B", help="the run compared")
+    parser.add_argument("--format", choices=DIFF_FORMATS, default="text",
+                        help="what is printed (default: text)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="also write diff.md, diff.json and diff.html here")
+    parser.add_argument("--fail-on-regression", type=_non_negative, metavar="D",
+                        help="exit 1 when a paired quality change's 95%% upper bound is "
+                        "below -D")
+    parser.add_argument("--resamples", **from_option(
+        "resamples", metavar="N", help="bootstrap resamples per interval (default: 2000)"))
+    parser.add_argument("--seed", **from_option("seed", metavar="S",
+                                                help="bootstrap seed (default: 0)"))
+    parser.set_defaults(handler=run_diff)
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (got {text!r})")
+    return value
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.reports import ReportError
+    from pytest_budgetbench.reports import diff as run_diffs
+
+    for run in (args.run_a, args.run_b):
+        if not run.exists():
+            return _usage(f"run directory not found: {run}")
+    try:
+        result = run_diffs.diff_runs(args.run_a, args.run_b, resamples=args.resamples,
+                                     seed=args.seed)
+    except (ReportError, ValueError) as exc:  # DiffError is a ValueError
+        return _usage(str(exc))
+    tolerance = args.fail_on_regression
+    regressions = result.regressions(tolerance) if tolerance is not None else []
+    if args.format == "md":
+        sys.stdout.write(run_diffs.render_markdown(result, regressions))
+    elif args.format == "json":
+        sys.stdout.write(run_diffs.dumps(result))
+    else:
+        sys.stdout.write(run_diffs.render_text(result, regressions))
+    if args.out is not None:
+        for path in run_diffs.write_files(result, args.out, regressions):
+            print(f"budgetbench: wrote {path}", file=sys.stderr)
+    for line in regressions:
+        print(f"budgetbench: regression: {line}", file=sys.stderr)
+    return EXIT_GATE_FAILED if regressions else EXIT_OK
 
 
 def _usage(message: str) -> int:
@@ -186,6 +257,7 @@ def run_fetch_model(args: argparse.Namespace) -> int:
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
+    add_diff_command,
     add_train_router_command,
     add_regrade_command,
     add_fetch_model_command,

@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import RecordError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
@@ -62,6 +62,7 @@ class CellRow(Mapping[str, Any]):
     quality: float | None = None
     prediction: str | None = None
     extracted: str | None = None
+    gold: Any = None  # the item's gold answer(s), as the task holds them (schema 2)
     strategy_s: float | None = None
     model_s: float | None = None  # the original call's latency, also when served from cache
     cached: bool | None = None  # the reply came from the response cache (this cell sent nothing)

@@ -446,6 +446,7 @@ class Runner:
             task=cell.task,
             item_id=item.item_id,
             category=item.category,
+            gold=item.answer,  # the viewer and diff show it beside the reply
             strategy=cell.strategy_name or cell.strategy,  # the strategy's own, once built
             budget=cell.budget,
             repeat=cell.repeat,

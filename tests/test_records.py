@@ -179,7 +179,8 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
     # When this fails, the on-disk shape changed: bump SCHEMA_VERSION, keep
     # CellRow.from_record reading schema 1, and add the new version's line here.
     schema_1_fields = set(json.loads(SCHEMA_1_LINE))
-    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (1, schema_1_fields)
+    schema_2_fields = schema_1_fields | {"gold"}
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (2, schema_2_fields)
 
 
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:
@@ -242,7 +243,8 @@ def test_a_schema_1_row_file_reads_back_as_cell_rows(tmp_path: Path) -> None:
     assert (row.counted_tokens, row.quality, row.token_count_match) == (1911, 1.0, True)
     assert row.aux_calls[0]["purpose"] == "embed" and row.aux_input_tokens == 12
     assert row.strategy_info == {"chunks": 7} and row.time == 1735689600.125
-    assert row.record() == record  # nothing of a schema-1 row is lost or renamed
+    # Nothing of a schema-1 row is lost or renamed; schema 2's gold reads as unknown.
+    assert row.record() == {**record, "gold": None}
 
 
 def test_an_older_row_without_optional_fields_takes_the_defaults() -> None:

@@ -14,6 +14,7 @@ import pytest
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.report_json import SCHEMA, SCHEMA_VERSION, cell_records
 from pytest_budgetbench.reports.synthetic import make_row, synthetic_rows, write_run
+from pytest_budgetbench.reports.viewer_page import script_csp_source, script_text
 
 pytest.importorskip("pandas")
 
@@ -44,25 +45,36 @@ def evil_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_html_escapes_every_data_string(evil_report: Any) -> None:
     page = evil_report.paths["html"].read_text(encoding="utf-8")
-    for raw in (EVIL_STRATEGY, EVIL_CATEGORY, "<b>model</b>", EVIL_ERROR, "<task>"):
+    for raw in (EVIL_STRATEGY, EVIL_CATEGORY, "<b>model</b>", EVIL_ERROR, "<task>",
+                "<iframe"):
         assert raw not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "&lt;img src=x onerror=alert(2)&gt;" in page
     assert "&lt;script&gt;alert(3)&lt;/script&gt;" in page
-    # The only tags are the report's own.
-    tags = set(re.findall(r"<\s*([a-zA-Z][a-zA-Z0-9]*)", page))
+    # The only tags are the report's own, and the only scripts the viewer's data block
+    # (JSON, never run) and its own script (whose text is left out of the scan).
+    markup = page.replace(script_text(), "")
+    assert page.count(script_text()) == 1
+    assert markup.count("<script") == 2
+    assert '<script type="application/json" id="bb-data">' in markup
+    tags = set(re.findall(r"<\s*([a-zA-Z][a-zA-Z0-9]*)", markup))
     allowed = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "dl", "dt",
                "dd", "p", "div", "table", "thead", "tbody", "tr", "th", "td", "figure", "img",
-               "figcaption"}
+               "figcaption", "a", "details", "summary", "section", "noscript", "script"}
     assert tags <= allowed, tags - allowed
 
 
 def test_html_is_self_contained(evil_report: Any) -> None:
     page = evil_report.paths["html"].read_text(encoding="utf-8")
-    sources = re.findall(r"""\b(?:src|href)\s*=\s*"([^"]*)\"""", page)
+    sources = re.findall(r"""\bsrc\s*=\s*"([^"]*)\"""", page)
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
-    assert "Content-Security-Policy" in page and "default-src 'none'" in page
     assert len(sources) == len(evil_report.plots) == 3
+    links = re.findall(r"""\bhref\s*=\s*"([^"]*)\"""", page)
+    assert links and all(link.startswith("#") for link in links)  # the viewer's anchors
+    # No network, and no script but the viewer's, allowed by its hash alone.
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert f"script-src {script_csp_source(script_text())}\"" in page
+    assert "unsafe-inline'" not in page.split("script-src", 1)[1].split('"', 1)[0]
 
 
 def test_plot_files_stay_inside_the_output_directory(evil_report: Any) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.redact import redact
-from pytest_budgetbench.reports import load, render, report_json, tables
+from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
 from pytest_budgetbench.reports.plots import Plot, write_plots
 from pytest_budgetbench.reports.stats import CONFIDENCE, DEFAULT_RESAMPLES
@@ -65,6 +65,8 @@ class Report:
     extra_tables: dict[str, ExtraTable] = field(default_factory=dict)
     """The report extensions' tables by name (e.g. BudgetMem's ``tiers``); may be empty."""
     extensions: list[ReportExtension] = field(default_factory=list)
+    viewer_rows: int = viewer.MAX_ROWS
+    """Rows the report.html viewer holds at most (0: no viewer)."""
 
 
 def build_report(
@@ -77,6 +79,7 @@ def build_report(
     prices: tables.PriceTable | None = None,
     plots: bool = True,
     extensions: Sequence[ReportExtension] | None = None,
+    viewer_rows: int = viewer.MAX_ROWS,
 ) -> Report:
     """Read the runs' cells.jsonl (shards and repeats merged, resumed cells' last row kept)
     and write summary.csv, paired.csv, categories.csv, plots/, report.json/.md/.html.
@@ -84,7 +87,8 @@ def build_report(
     ``reference`` is "strategy@budget" or "strategy" (its largest budget); by default
     full_context (else a strategy flagged as a reference) at its largest budget, per task.
     ``extensions`` add tables and plots; by default the installed and registered ones
-    (reports.extensions).
+    (reports.extensions). ``viewer_rows`` caps the rows report.html's item viewer holds
+    (0 leaves the viewer out).
     Raises ReportError for a missing run directory and ValueError for a malformed reference.
     """
     if resamples < 1:
@@ -105,8 +109,9 @@ def build_report(
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)
     report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
-                    extra_tables=_extra_tables(chosen, rows), extensions=chosen)
-    _write(report, with_plots=plots)
+                    extra_tables=_extra_tables(chosen, rows), extensions=chosen,
+                    viewer_rows=viewer_rows)
+    _write(report, with_plots=plots, reference=ref)
     return report
 
 
@@ -135,7 +140,7 @@ def _extra_tables(extensions: Sequence[ReportExtension], rows: pd.DataFrame
     return extra
 
 
-def _write(report: Report, *, with_plots: bool) -> None:
+def _write(report: Report, *, with_plots: bool, reference: tables.Reference) -> None:
     out = report.out_dir
     out.mkdir(parents=True, exist_ok=True)
     paths = report.paths
@@ -160,7 +165,33 @@ def _write(report: Report, *, with_plots: bool) -> None:
     paths["md"] = out / REPORT_MD
     _write_text(paths["md"], render.render_markdown(doc, out))
     paths["html"] = out / REPORT_HTML
+    if report.viewer_rows > 0 and not report.summary.empty:
+        cells = viewer_cells(report.summary, report.items, reference)
+        data = viewer.viewer_data([viewer.Side("", report.run_dirs)], cells,
+                                  max_rows=report.viewer_rows)
+        doc = replace(doc, viewer=viewer_page.viewer_page(data),
+                      row_links={0: [viewer_page.cell_href(i) for i in range(len(cells))]})
     _write_text(paths["html"], render.render_html(doc))
+
+
+def viewer_cells(summary: pd.DataFrame, items: pd.DataFrame, reference: tables.Reference
+                 ) -> list[viewer.ViewerCell]:
+    """The summary's cells, in its order, each with the index of its task's reference."""
+    refs = {}
+    for task, task_items in items.groupby("task", sort=True, observed=True):
+        refs[str(task)] = reference.resolve(task_items)
+    keys = list(zip(summary["task"].astype(str), summary["strategy"].astype(str),
+                    summary["budget"].astype(int), summary["reference"].astype(bool),
+                    strict=True))
+    index = {(task, strategy, budget): i for i, (task, strategy, budget, _) in enumerate(keys)}
+    cells = []
+    for task, strategy, budget, is_reference in keys:
+        resolved = refs.get(task)
+        ref = None if resolved is None else index.get((task, *resolved))
+        own = ref == index[(task, strategy, budget)]
+        cells.append(viewer.ViewerCell("", task, strategy, budget, is_reference,
+                                       None if own else ref))
+    return cells
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -11,7 +11,7 @@ import base64
 import html
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,8 @@ from pytest_budgetbench.reports.tables import key_values
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from pytest_budgetbench.reports.viewer_page import ViewerPage
 
 MAX_ERRORS = 20
 MAX_ERROR_CHARS = 300
@@ -151,6 +153,10 @@ class Document:
     sections: list[tuple[str, str, tuple[list[str], list[list[str]]]]]
     plots: list[Plot]
     errors: list[tuple[str, str, int]]
+    viewer: ViewerPage | None = None
+    """The per-cell viewer (report.html only)."""
+    row_links: dict[int, list[str]] = field(default_factory=dict)
+    """Section index -> one viewer link per row of its table (report.html only)."""
 
 
 def error_lines(rows: pd.DataFrame) -> list[tuple[str, str, int]]:
@@ -179,7 +185,7 @@ def md_escape(value: str) -> str:
     return " ".join(escaped.split())
 
 
-def _md_table(headers: list[str], body: list[list[str]]) -> str:
+def md_table(headers: list[str], body: list[list[str]]) -> str:
     if not body:
         return "_no rows_\n"
     lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |",
@@ -193,7 +199,7 @@ def render_markdown(doc: Document, out_dir: Path) -> str:
     parts += [f"- **{md_escape(k)}**: {md_escape(v)}" for k, v in doc.facts]
     for index, (heading, note, (headers, body)) in enumerate(doc.sections):
         parts.append(f"\n## {md_escape(heading)}\n\n{md_escape(note)}\n")
-        parts.append(_md_table(headers, body))
+        parts.append(md_table(headers, body))
         if index == 0 and doc.plots:
             parts.append("\n## Plots\n")
             parts.extend(
@@ -202,7 +208,7 @@ def render_markdown(doc: Document, out_dir: Path) -> str:
             )
     if doc.errors:
         parts.append("\n## Errors\n")
-        parts.append(_md_table(["strategy", "cells", "message"],
+        parts.append(md_table(["strategy", "cells", "message"],
                                [[s, str(n), m] for s, m, n in doc.errors]))
     return "\n".join(parts) + "\n"
 
@@ -227,9 +233,13 @@ figure{display:inline-block;width:calc(50% - 16px);margin:8px 12px 8px 0;vertica
 figcaption{font-size:12px;color:#555}img{max-width:100%;height:auto;border:1px solid #eee}
 """.strip()
 
-# No scripts, no network: the report opens offline and injected markup could not run even
-# if it slipped past escaping.
+# No network, and no script but the viewer's own, allowed by its hash: the report opens
+# offline, and injected markup could not run even if it slipped past escaping.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def csp(script_source: str | None = None) -> str:
+    return CSP if script_source is None else f"{CSP}; script-src {script_source}"
 
 
 # Columns of words rather than numbers, aligned left.
@@ -237,14 +247,21 @@ TEXT_HEADERS = frozenset({"task", "strategy", "category", "reference", "message"
                           "model", "tokenizer"})
 
 
-def _html_table(headers: list[str], body: list[list[str]]) -> str:
+def _html_table(headers: list[str], body: list[list[str]], links: list[str] | None = None
+                ) -> str:
+    """A table of escaped cells; ``links``, one href per row, adds a column of links to
+    the viewer."""
     if not body:
         return "<p class=\"note\">no rows</p>"
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    if links is not None:
+        head += "<th>items</th>"
     opening = ["<td class=\"t\">" if h in TEXT_HEADERS else "<td>" for h in headers]
     rows = []
-    for row in body:
+    for index, row in enumerate(body):
         cells = "".join(f"{opening[i]}{esc(c)}</td>" for i, c in enumerate(row))
+        if links is not None:
+            cells += f"<td class=\"t\"><a href=\"{esc(links[index])}\">view</a></td>"
         rows.append(f"<tr>{cells}</tr>")
     return (f"<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")
@@ -256,18 +273,27 @@ def _data_uri(path: Path) -> str:
 
 def render_html(doc: Document) -> str:
     facts = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in doc.facts)
+    viewer = doc.viewer
+    style = STYLE
+    if viewer is not None:
+        from pytest_budgetbench.reports.viewer_page import STYLE as VIEWER_STYLE
+
+        style += "\n" + VIEWER_STYLE
+    policy = csp(viewer.csp_source if viewer is not None else None)
     parts = [
         "<!DOCTYPE html>",
         "<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">",
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{policy}\">",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
-        f"<title>{esc(doc.title)}</title><style>{STYLE}</style></head><body>",
+        f"<title>{esc(doc.title)}</title><style>{style}</style></head><body>",
         f"<h1>{esc(doc.title)}</h1><dl>{facts}</dl>",
     ]
+    if viewer is not None:
+        parts.append(viewer.panel)
     # The summary first, then the plots of it, then the detail tables.
     for index, (heading, note, (headers, body)) in enumerate(doc.sections):
         parts.append(f"<h2>{esc(heading)}</h2><p class=\"note\">{esc(note)}</p>")
-        parts.append(_html_table(headers, body))
+        parts.append(_html_table(headers, body, doc.row_links.get(index)))
         if index == 0 and doc.plots:
             parts.append("<h2>Plots</h2>")
             parts.extend(
@@ -279,5 +305,7 @@ def render_html(doc: Document) -> str:
         parts.append("<h2>Errors</h2>")
         parts.append(_html_table(["strategy", "cells", "message"],
                                  [[s, str(n), m] for s, m, n in doc.errors]))
+    if viewer is not None:
+        parts.extend((viewer.cell_tables, viewer.script))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

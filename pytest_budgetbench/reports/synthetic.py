@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.records import CELLS_FILE, CellRow
+from pytest_budgetbench.records import CELLS_FILE, PROMPTS_FILE, CellRow
 
 
 def make_row(
@@ -116,3 +116,30 @@ def write_run(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, torn_tail: st
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         handle.write(torn_tail)
     return run_dir
+
+
+def synthetic_history(item_id: str, turns: int = 8) -> list[dict[str, str]]:
+    """An item's chat history: a system message, ``turns`` user/assistant turns, the question."""
+    messages = [{"role": "system", "content": "You answer questions about the conversation."}]
+    for turn in range(turns):
+        role = "user" if turn % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"{item_id} turn {turn}: note {turn * 7}"})
+    messages.append({"role": "user", "content": f"What was the note of {item_id} turn 3?"})
+    return messages
+
+
+def write_prompts(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, turns: int = 8) -> Path:
+    """A prompts.jsonl for the rows (as ``--budgetbench-audit=full`` writes it): a reference
+    row's prompt is the whole history, another keeps the system message, the last turns
+    (more at larger budgets) and the question."""
+    path = run_dir / PROMPTS_FILE
+    with path.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            history = synthetic_history(str(row["item_id"]), turns)
+            if not row.get("reference"):
+                keep = max(1, min(turns, int(row["budget"]) // 512))
+                history = [history[0], *history[-1 - keep:]]
+            record = {"cell_id": row["cell_id"], "prompt_sha256": row.get("prompt_sha256") or "",
+                      "messages": history}
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return path

@@ -1,0 +1,310 @@
+"""Two runs of the same cells, item by item: ``budgetbench diff RUN_A RUN_B``.
+
+Each cell (task, strategy@budget) that both runs hold is paired by item: the change in
+quality over the items scored in both, in tokens and latency over the items admitted in
+both, each with a paired bootstrap interval (the per-item differences resampled, as the
+paired table does), the items whose status changed and those whose quality flipped.
+B minus A throughout: a negative quality delta is B doing worse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pytest_budgetbench.redact import redact
+from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
+from pytest_budgetbench.reports.stats import DEFAULT_RESAMPLES, bootstrap_cis, cell_rng
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ITEM_KEY = [*tables.CELL, "item_id"]
+DIFF_MD, DIFF_JSON, DIFF_HTML = "diff.md", "diff.json", "diff.html"
+MAX_FLIPS_SHOWN = 30
+"""Flipped items listed in the markdown summary (diff.json lists all)."""
+
+COLUMNS: tuple[str, ...] = (
+    "task", "strategy", "budget", "n_items", "n_paired", "quality_a", "quality_b",
+    "delta", "delta_lo", "delta_hi", "tokens_delta", "tokens_lo", "tokens_hi",
+    "latency_delta", "latency_lo", "latency_hi", "status_changed", "better", "worse",
+)
+
+
+class DiffError(ValueError):
+    """The two runs cannot be compared (no cell in common)."""
+
+
+@dataclass
+class RunDiff:
+    run_a: Path
+    run_b: Path
+    table: pd.DataFrame
+    """One row per common cell: the columns in COLUMNS."""
+    flips: list[dict[str, Any]]
+    """Items whose status changed or whose quality moved, per cell."""
+    resamples: int
+    seed: int
+    viewer_cells: list[viewer.ViewerCell] = field(default_factory=list)
+
+    def regressions(self, tolerance: float) -> list[str]:
+        """A line per cell whose quality change's upper bound is below -tolerance."""
+        lines = []
+        for row in report_json.records(self.table):  # NaN -> None
+            if row["delta_hi"] is not None and row["delta_hi"] < -tolerance:
+                lines.append(
+                    f"{row['task']}: {row['strategy']}@{row['budget']}: quality changed by "
+                    f"{row['delta']:+.3f} over {row['n_paired']} paired items (95% CI "
+                    f"[{row['delta_lo']:+.3f}, {row['delta_hi']:+.3f}]), below -{tolerance:g}"
+                )
+        return lines
+
+
+def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
+              seed: int = 0) -> RunDiff:
+    """Pair the cells of two runs item by item. Raises ReportError for a missing run
+    directory and DiffError when the runs share no cell."""
+    frames = [_item_frame(load.load([Path(run)])) for run in (run_a, run_b)]
+    common = _common_cells(*frames, run_a=run_a, run_b=run_b)
+    merged = frames[0].merge(frames[1], on=ITEM_KEY, suffixes=("_a", "_b"))
+    records: list[dict[str, Any]] = []
+    samples: list[tuple[np.ndarray, np.random.Generator]] = []
+    flips: list[dict[str, Any]] = []
+    for key, group in merged.groupby(list(tables.CELL), sort=True, observed=True):
+        task, strategy, budget = tables.key_values(key)
+        if (task, strategy, int(budget)) not in common:
+            continue
+        record, cell_samples = _cell(group)
+        records.append({"task": task, "strategy": strategy, "budget": int(budget), **record})
+        samples.extend((values, cell_rng(seed, "diff", kind, task, strategy, budget))
+                       for kind, values in cell_samples)
+        flips.extend(_flips(group))
+    intervals = bootstrap_cis(samples, resamples=resamples)
+    for index, record in enumerate(records):
+        for offset, name in enumerate(("delta", "tokens", "latency")):
+            lo, hi = intervals[3 * index + offset]
+            record[f"{name}_lo"], record[f"{name}_hi"] = lo, hi
+    import pandas as pd
+
+    table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    cells = []
+    for record in records:
+        task, strategy, budget = str(record["task"]), str(record["strategy"]), record["budget"]
+        cells.append(viewer.ViewerCell("A", task, strategy, budget))
+        cells.append(viewer.ViewerCell("B", task, strategy, budget, ref=len(cells) - 1))
+    return RunDiff(Path(run_a), Path(run_b), table, flips, resamples, seed, cells)
+
+
+def _item_frame(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per item of each cell: merged status, mean quality, and the mean tokens and latency
+    of its admitted repeats."""
+    items = tables.item_table(rows)
+    ok = rows.loc[rows["status"] == tables.ADMITTED, ITEM_KEY].copy()
+    ok["tokens"] = rows["counted_tokens"]
+    ok["latency"] = rows["strategy_s"].fillna(0.0) + rows["model_s"]
+    usage = ok.groupby(ITEM_KEY, sort=False, observed=True)[["tokens", "latency"]].mean()
+    return items[[*ITEM_KEY, "status", "quality"]].merge(usage.reset_index(), on=ITEM_KEY,
+                                                           how="left")
+
+
+def _common_cells(a: pd.DataFrame, b: pd.DataFrame, *, run_a: Path, run_b: Path
+                  ) -> set[tuple[str, str, int]]:
+    def cells(frame: pd.DataFrame) -> set[tuple[str, str, int]]:
+        unique = frame[list(tables.CELL)].drop_duplicates()
+        return {(str(t), str(s), int(b)) for t, s, b in unique.itertuples(index=False)}
+
+    mine, theirs = cells(a), cells(b)
+    common = mine & theirs
+    if not common:
+        raise DiffError(
+            f"{run_a} ({_describe(mine)}) and {run_b} ({_describe(theirs)}) have no cell "
+            "(task, strategy@budget) in common; diff two runs of the same sweep"
+        )
+    return common
+
+
+def _describe(cells: set[tuple[str, str, int]], limit: int = 4) -> str:
+    if not cells:
+        return "no cells"
+    names = [f"{task}: {strategy}@{budget}" for task, strategy, budget in sorted(cells)]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _cell(group: pd.DataFrame) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
+    scored = group["quality_a"].notna() & group["quality_b"].notna()
+    quality = (group["quality_b"] - group["quality_a"])[scored].to_numpy(dtype=np.float64)
+    admitted = (group["status_a"] == tables.ADMITTED) & (group["status_b"] == tables.ADMITTED)
+    tokens = _differences(group, "tokens", admitted)
+    latency = _differences(group, "latency", admitted)
+    record = {
+        "n_items": len(group),
+        "n_paired": int(scored.sum()),
+        "quality_a": _mean(group.loc[scored, "quality_a"].to_numpy(dtype=np.float64)),
+        "quality_b": _mean(group.loc[scored, "quality_b"].to_numpy(dtype=np.float64)),
+        "delta": _mean(quality),
+        "tokens_delta": _mean(tokens),
+        "latency_delta": _mean(latency),
+        "status_changed": int((group["status_a"] != group["status_b"]).sum()),
+        "better": int((quality > 0).sum()),
+        "worse": int((quality < 0).sum()),
+    }
+    return record, [("quality", quality), ("tokens", tokens), ("latency", latency)]
+
+
+def _differences(group: pd.DataFrame, name: str, mask: pd.Series) -> np.ndarray:
+    values = (group[f"{name}_b"] - group[f"{name}_a"])[mask].to_numpy(dtype=np.float64)
+    return values[~np.isnan(values)]
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else float(value)
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else math.nan
+
+
+def _flips(group: pd.DataFrame) -> list[dict[str, Any]]:
+    moved = (group["status_a"] != group["status_b"]) | (
+        group["quality_a"].notna() & group["quality_b"].notna()
+        & (group["quality_a"] != group["quality_b"])
+    )
+    return [
+        {"task": row["task"], "strategy": row["strategy"], "budget": int(row["budget"]),
+         "item_id": row["item_id"], "status_a": row["status_a"], "status_b": row["status_b"],
+         "quality_a": _number(row["quality_a"]), "quality_b": _number(row["quality_b"])}
+        for row in group.loc[moved].to_dict(orient="records")
+    ]
+
+
+# -- output ---------------------------------------------------------------------------------
+DIFF_VIEW: tuple[render.Column, ...] = (
+    render.col("task", "task"),
+    render.col("strategy", "strategy"),
+    render.col("budget", "budget", render.integer),
+    render.col("paired items", "n_paired", render.integer),
+    render.col("quality A", "quality_a", render.num(3)),
+    render.col("quality B", "quality_b", render.num(3)),
+    render.Column("quality B-A [95% paired bootstrap]",
+                  render.interval("delta", "delta_lo", "delta_hi")),
+    render.Column("tokens B-A", render.interval("tokens_delta", "tokens_lo", "tokens_hi", 1)),
+    render.Column("latency s B-A", render.interval("latency_delta", "latency_lo",
+                                                   "latency_hi", 3)),
+    render.col("status changed", "status_changed", render.integer),
+    render.col("better", "better", render.integer),
+    render.col("worse", "worse", render.integer),
+)
+
+
+def _facts(result: RunDiff) -> list[tuple[str, str]]:
+    return [
+        ("A", str(result.run_a)),
+        ("B", str(result.run_b)),
+        ("cells in common", str(len(result.table))),
+        ("bootstrap", f"{result.resamples} resamples, seed {result.seed}, percentile 95% "
+                      "intervals over paired items"),
+    ]
+
+
+def _flip_rows(flips: Sequence[dict[str, Any]]) -> list[list[str]]:
+    def side(status: str, quality: float | None) -> str:
+        return status if quality is None else f"{status} {quality:.3f}"
+
+    return [[f["task"], f"{f['strategy']}@{f['budget']}", str(f["item_id"]),
+             side(f["status_a"], f["quality_a"]), side(f["status_b"], f["quality_b"])]
+            for f in flips]
+
+
+FLIP_HEADERS = ["task", "cell", "item", "A", "B"]
+NOTE = ("B minus A, per cell, over the items both runs hold: quality over items scored in "
+        "both, tokens and latency over items admitted in both.")
+
+
+def render_markdown(result: RunDiff, regressions: Sequence[str] = ()) -> str:
+    """The summary for a pull-request comment: the table, the regressions, the flips."""
+    headers, body = render.view(result.table, DIFF_VIEW)
+    parts = ["## budgetbench diff\n",
+             *(f"- **{render.md_escape(k)}**: {render.md_escape(v)}" for k, v in _facts(result)),
+             "", render.md_escape(NOTE), "", render.md_table(headers, body)]
+    if regressions:
+        parts += ["### Regressions\n", *(f"- {render.md_escape(line)}" for line in regressions),
+                  ""]
+    shown = result.flips[:MAX_FLIPS_SHOWN]
+    parts.append(f"### Flipped items ({len(result.flips)})\n")
+    if shown:
+        parts.append(render.md_table(FLIP_HEADERS, _flip_rows(shown)))
+        if len(result.flips) > len(shown):
+            parts.append(f"_and {len(result.flips) - len(shown)} more (diff.json lists all)_\n")
+    else:
+        parts.append("_none_\n")
+    return "\n".join(parts)
+
+
+def render_text(result: RunDiff, regressions: Sequence[str] = ()) -> str:
+    """The table as aligned plain text, for a terminal."""
+    headers, body = render.view(result.table, DIFF_VIEW)
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
+              for i, h in enumerate(headers)]
+    lines = [f"A: {result.run_a}", f"B: {result.run_b}",
+             "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+              for row in body]
+    lines.append(f"{len(result.flips)} items flipped (status or quality); --format=md lists them")
+    lines += [f"regression: {line}" for line in regressions]
+    return "\n".join(lines) + "\n"
+
+
+def document(result: RunDiff) -> dict[str, Any]:
+    return {
+        "schema": "budgetbench-diff", "schema_version": 1,
+        "run_a": str(result.run_a), "run_b": str(result.run_b),
+        "settings": {"resamples": result.resamples, "seed": result.seed},
+        "cells": report_json.records(result.table), "flips": result.flips,
+    }
+
+
+def render_html(result: RunDiff, *, viewer_rows: int = viewer.MAX_ROWS) -> str:
+    """diff.html: the table, the flips, and the viewer with A and B side by side."""
+    headers, body = render.view(result.table, DIFF_VIEW)
+    sections = [("Paired changes", NOTE + " A cell's items view compares B with A.",
+                 (headers, body)),
+                ("Flipped items", "Items whose status changed or whose quality moved.",
+                 (FLIP_HEADERS, _flip_rows(result.flips)))]
+    page = None
+    if viewer_rows > 0 and result.viewer_cells:
+        data = viewer.viewer_data([viewer.Side("A", [result.run_a]),
+                                   viewer.Side("B", [result.run_b])],
+                                  result.viewer_cells, max_rows=viewer_rows)
+        page = viewer_page.viewer_page(data)
+    links = {0: [viewer_page.cell_href(2 * i + 1) for i in range(len(body))]} if page else {}
+    doc = render.Document(title="budgetbench diff", facts=_facts(result), sections=sections,
+                          plots=[], errors=[], viewer=page, row_links=links)
+    return render.render_html(doc)
+
+
+def write_files(result: RunDiff, out_dir: Path, regressions: Sequence[str] = ()) -> list[Path]:
+    """diff.md, diff.json and diff.html in ``out_dir``, each through the redaction layer."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    texts = {
+        DIFF_MD: render_markdown(result, regressions),
+        DIFF_JSON: report_json.dumps_indented(document(result)) + "\n",
+        DIFF_HTML: render_html(result),
+    }
+    paths = []
+    for name, text in texts.items():
+        path = out_dir / name
+        path.write_text(redact(text), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def dumps(result: RunDiff) -> str:
+    return json.dumps(document(result), ensure_ascii=False, allow_nan=False, indent=1) + "\n"

@@ -1,0 +1,349 @@
+// budgetbench's per-cell viewer. Renders #cell=N (a cell's items) and #item=TASK/ID (every
+// cell of one item side by side) from the page's JSON block, on demand. Every text from
+// the records goes in through textContent, never as markup. The page's CSP allows this
+// script by its sha256 and nothing else.
+(function () {
+  "use strict";
+  var data = null;
+  var itemIndex = null;
+  var panel = document.getElementById("bb-viewer");
+  if (!panel) { return; }
+
+  function load() {
+    if (data === null) {
+      data = JSON.parse(document.getElementById("bb-data").textContent);
+      itemIndex = new Map();
+      data.items.forEach(function (item, i) { itemIndex.set(item.key, i); });
+    }
+    return data;
+  }
+
+  function el(tag, cls, text) {
+    var node = document.createElement(tag);
+    if (cls) { node.className = cls; }
+    if (text !== undefined && text !== null) { node.textContent = String(text); }
+    return node;
+  }
+
+  function link(href, text) {
+    var a = el("a", null, text);
+    a.setAttribute("href", href);
+    return a;
+  }
+
+  function fmt(value, digits) {
+    if (value === undefined || value === null) { return ""; }
+    return typeof value === "number" ? value.toFixed(digits) : String(value);
+  }
+
+  function shown(value) {
+    if (value === undefined || value === null) { return ""; }
+    return typeof value === "string" ? value : JSON.stringify(value);
+  }
+
+  function cellLabel(cell) {
+    return (cell.side ? cell.side + " " : "") + cell.strategy + "@" + cell.budget;
+  }
+
+  function itemHref(item) { return "#item=" + encodeURIComponent(item.key); }
+
+  // An item's mean quality in one cell over its scored repeats, or null.
+  function quality(item, cell) {
+    var sum = 0, n = 0;
+    item.rows.forEach(function (row) {
+      if (row.c === cell && row.s === "ok" && typeof row.q === "number") { sum += row.q; n += 1; }
+    });
+    return n ? sum / n : null;
+  }
+
+  // Merged over repeats as the tables merge them: admitted if any was, else violation.
+  function statusOf(item, cell) {
+    var seen = new Set();
+    item.rows.forEach(function (row) { if (row.c === cell) { seen.add(row.s); } });
+    if (seen.has("ok")) { return "ok"; }
+    return seen.has("violation") ? "violation" : (seen.size ? "error" : null);
+  }
+
+  function versus(item, cell) {
+    var ref = data.cells[cell].ref;
+    if (ref === null || ref === undefined) { return "no reference"; }
+    var mine = quality(item, cell), theirs = quality(item, ref);
+    if (mine === null || theirs === null) { return "unpaired"; }
+    return mine > theirs ? "win" : (mine < theirs ? "loss" : "tie");
+  }
+
+  function clear() {
+    while (panel.firstChild) { panel.removeChild(panel.firstChild); }
+    panel.hidden = false;
+  }
+
+  function header(title, back) {
+    var bar = el("div", "bb-bar");
+    bar.appendChild(el("h2", null, title));
+    if (back) { bar.appendChild(back); }
+    var close = link("#", "close viewer");
+    close.className = "bb-close";
+    bar.appendChild(close);
+    panel.appendChild(bar);
+    if (data.note) { panel.appendChild(el("p", "note", data.note)); }
+  }
+
+  function select(label, values, onChange) {
+    var wrap = el("label", "bb-filter", label + " ");
+    var box = el("select");
+    values.forEach(function (v) { var o = el("option", null, v); o.value = v; box.appendChild(o); });
+    box.addEventListener("change", onChange);
+    wrap.appendChild(box);
+    return { node: wrap, box: box };
+  }
+
+  // -- a cell: its items, with filters --------------------------------------------------
+  function showCell(cellIndex) {
+    var cell = data.cells[cellIndex];
+    if (!cell) { return missing("no cell " + cellIndex); }
+    clear();
+    header(cell.task + ": " + cellLabel(cell) + (cell.reference ? " (reference)" : ""));
+    var items = data.items.filter(function (item) {
+      return item.rows.some(function (row) { return row.c === cellIndex; });
+    });
+    var ref = cell.ref;
+    panel.appendChild(el("p", "note", items.length + " items" + (ref !== null && ref !== undefined
+      ? "; wins and losses against " + cellLabel(data.cells[ref]) : "")));
+    var categories = ["all"].concat(Array.from(new Set(items.map(function (i) {
+      return String(i.category);
+    }))).sort());
+    var filters = el("div", "bb-filters");
+    var byCategory = select("category", categories, draw);
+    var byStatus = select("status", ["all", "ok", "violation", "error"], draw);
+    var byVersus = select("vs reference", ["all", "win", "loss", "tie", "unpaired"], draw);
+    [byCategory, byStatus, byVersus].forEach(function (f) { filters.appendChild(f.node); });
+    panel.appendChild(filters);
+    var count = el("p", "note");
+    panel.appendChild(count);
+    var holder = el("div", "scroll");
+    panel.appendChild(holder);
+
+    function draw() {
+      var table = el("table");
+      var head = el("tr");
+      ["item", "category", "status", "quality", "reference quality", "vs reference", "tokens",
+        "extracted", "reply"].forEach(function (h) { head.appendChild(el("th", null, h)); });
+      var thead = el("thead");
+      thead.appendChild(head);
+      table.appendChild(thead);
+      var body = el("tbody");
+      var shownCount = 0;
+      items.forEach(function (item) {
+        var status = statusOf(item, cellIndex), vs = versus(item, cellIndex);
+        if (byCategory.box.value !== "all" && String(item.category) !== byCategory.box.value) { return; }
+        if (byStatus.box.value !== "all" && status !== byStatus.box.value) { return; }
+        if (byVersus.box.value !== "all" && vs !== byVersus.box.value) { return; }
+        shownCount += 1;
+        var row = item.rows.find(function (r) { return r.c === cellIndex; });
+        var tr = el("tr");
+        var first = el("td", "t");
+        first.appendChild(link(itemHref(item), item.item));
+        tr.appendChild(first);
+        tr.appendChild(el("td", "t", item.category));
+        tr.appendChild(el("td", "t bb-" + status, status));
+        tr.appendChild(el("td", null, fmt(quality(item, cellIndex), 3)));
+        tr.appendChild(el("td", null, ref === null || ref === undefined ? "" : fmt(quality(item, ref), 3)));
+        tr.appendChild(el("td", "t bb-" + vs, vs));
+        tr.appendChild(el("td", null, fmt(row.t, 0)));
+        tr.appendChild(el("td", "t bb-clip", row.x));
+        tr.appendChild(el("td", "t bb-clip", row.y || row.e));
+        body.appendChild(tr);
+      });
+      table.appendChild(body);
+      count.textContent = shownCount + " shown";
+      while (holder.firstChild) { holder.removeChild(holder.firstChild); }
+      holder.appendChild(table);
+    }
+    draw();
+    panel.scrollTop = 0;
+  }
+
+  // -- an item: every cell side by side -------------------------------------------------
+  function showItem(key) {
+    var index = itemIndex.get(key);
+    if (index === undefined) { return missing("item " + key + " is not in the viewer"); }
+    var item = data.items[index];
+    clear();
+    header(item.task + " / " + item.item);
+    var facts = el("dl");
+    [["category", item.category], ["gold", shown(item.gold)],
+      ["full history", item.full ? item.full.length + " messages (a reference cell's prompt)"
+        : "not recorded (no reference cell's prompt was kept)"]].forEach(function (pair) {
+      facts.appendChild(el("dt", null, pair[0]));
+      facts.appendChild(el("dd", "bb-pre", pair[1]));
+    });
+    panel.appendChild(facts);
+    // Columns by budget, then in the summary's strategy order: one budget's strategies
+    // stand next to each other. Filters narrow them to a strategy or a budget.
+    var rows = item.rows.slice().sort(function (a, b) {
+      return (data.cells[a.c].budget - data.cells[b.c].budget) || (a.c - b.c) || (a.r - b.r);
+    });
+    function distinct(name) {
+      return ["all"].concat(Array.from(new Set(rows.map(function (row) {
+        return String(data.cells[row.c][name]);
+      }))));
+    }
+    var filters = el("div", "bb-filters");
+    var bySide = select("run", distinct("side"), draw);
+    var byStrategy = select("strategy", distinct("strategy"), draw);
+    var byBudget = select("budget", distinct("budget"), draw);
+    if (bySide.box.options.length > 2) { filters.appendChild(bySide.node); }
+    filters.appendChild(byStrategy.node);
+    filters.appendChild(byBudget.node);
+    panel.appendChild(filters);
+    var columns = el("div", "bb-cols");
+    panel.appendChild(columns);
+
+    function draw() {
+      while (columns.firstChild) { columns.removeChild(columns.firstChild); }
+      rows.forEach(function (row) {
+        var cell = data.cells[row.c];
+        if ([[bySide, "side"], [byStrategy, "strategy"], [byBudget, "budget"]].some(function (f) {
+          return f[0].box.value !== "all" && String(cell[f[1]]) !== f[0].box.value;
+        })) { return; }
+        columns.appendChild(column(item, row));
+      });
+    }
+    draw();
+    panel.scrollTop = 0;
+  }
+
+  function column(item, row) {
+    var cell = data.cells[row.c];
+    var col = el("div", "bb-col");
+    var title = el("h3");
+    title.appendChild(link("#cell=" + row.c, cellLabel(cell) + (row.r ? " r" + row.r : "")));
+    col.appendChild(title);
+    var facts = el("dl");
+    function fact(name, value) {
+      if (value === "" || value === undefined || value === null) { return; }
+      facts.appendChild(el("dt", null, name));
+      facts.appendChild(el("dd", name === "status" ? "bb-" + value : null, value));
+    }
+    fact("status", row.s);
+    fact("quality", fmt(row.q, 3));
+    fact("grader", row.g);
+    fact("extracted", row.x);
+    fact("gold", shown(item.gold));
+    fact("tokens", [fmt(row.t, 0), row.st !== undefined ? "server " + row.st : "",
+      row.o !== undefined ? "out " + row.o : ""].filter(Boolean).join(" · "));
+    fact("utilisation", row.u !== undefined ? (100 * row.u).toFixed(1) + "%" : "");
+    fact("strategy s", fmt(row.ss, 3));
+    fact("model s", fmt(row.ms, 3) + (row.ca ? " (cached)" : ""));
+    if (row.aux) {
+      fact("aux calls", (row.auxn || row.aux.length) + " · in " + (row.ai || 0) + " · out "
+        + (row.ao || 0) + " · " + fmt(row.as, 3) + " s");
+    }
+    fact("cell", row.id);
+    col.appendChild(facts);
+    if (row.y !== undefined) { col.appendChild(block("reply", row.y)); }
+    if (row.e !== undefined) { col.appendChild(block("error", row.e)); }
+    if (row.aux) { col.appendChild(auxTable(row.aux)); }
+    col.appendChild(prompt(item, row));
+    return col;
+  }
+
+  function block(name, text) {
+    var wrap = el("div", "bb-block");
+    wrap.appendChild(el("div", "bb-label", name));
+    wrap.appendChild(el("pre", "bb-pre bb-" + name, text));
+    return wrap;
+  }
+
+  function auxTable(calls) {
+    var details = el("details", "bb-aux");
+    details.appendChild(el("summary", null, "auxiliary calls (" + calls.length + ")"));
+    var table = el("table");
+    var head = el("tr");
+    ["purpose", "model", "in", "out", "s", "cached"].forEach(function (h) {
+      head.appendChild(el("th", null, h));
+    });
+    table.appendChild(head);
+    calls.forEach(function (call) {
+      var tr = el("tr");
+      [call.purpose, call.model, call.input_tokens, call.output_tokens, fmt(call.latency_s, 3),
+        call.cached ? "yes" : ""].forEach(function (v) { tr.appendChild(el("td", "t", shown(v))); });
+      table.appendChild(tr);
+    });
+    details.appendChild(table);
+    return details;
+  }
+
+  var NOT_KEPT = {
+    hash: "prompt not kept: the run's audit kept its sha256 only (--budgetbench-audit=hash)",
+    none: "prompt not recorded (--budgetbench-audit=off, or no prompts.jsonl)",
+    cap: "prompt left out of this page (size cap; see the note above)"
+  };
+
+  function prompt(item, row) {
+    var wrap = el("div", "bb-prompt");
+    if (!row.p) {
+      wrap.appendChild(el("p", "note", NOT_KEPT[row.pm] || NOT_KEPT.none));
+      if (row.sha) { wrap.appendChild(el("p", "note bb-pre", "sha256 " + row.sha)); }
+      return wrap;
+    }
+    var full = item.full ? new Set(item.full) : null;
+    var mine = new Set(row.p);
+    var kept = 0;
+    row.p.forEach(function (i) { if (full && full.has(i)) { kept += 1; } });
+    var dropped = full ? item.full.filter(function (i) { return !mine.has(i); }) : [];
+    var summary = "prompt: " + row.p.length + " messages";
+    if (full) {
+      summary += " · " + kept + " kept · " + (row.p.length - kept) + " new · " + dropped.length
+        + " dropped of " + item.full.length;
+    }
+    wrap.appendChild(el("div", "bb-label", summary));
+    row.p.forEach(function (i) {
+      var mark = full ? (full.has(i) ? "kept" : "new") : "";
+      wrap.appendChild(message(item.msgs[i], mark));
+    });
+    if (dropped.length) {
+      var details = el("details", "bb-dropped");
+      details.appendChild(el("summary", null, dropped.length + " dropped from the full history"));
+      dropped.forEach(function (i) { details.appendChild(message(item.msgs[i], "dropped")); });
+      wrap.appendChild(details);
+    }
+    return wrap;
+  }
+
+  function message(msg, mark) {
+    var details = el("details", "bb-msg" + (mark ? " bb-" + mark : ""));
+    var text = msg[1];
+    details.appendChild(el("summary", null, msg[0] + (mark ? " · " + mark : "") + " · "
+      + text.slice(0, 90).replace(/\s+/g, " ")));
+    details.appendChild(el("pre", "bb-pre", text));
+    return details;
+  }
+
+  function missing(text) {
+    clear();
+    header("viewer");
+    panel.appendChild(el("p", "note", text));
+  }
+
+  function route() {
+    var hash = location.hash.slice(1);
+    if (hash.indexOf("cell=") === 0) {
+      load();
+      showCell(Number(hash.slice(5)));
+    } else if (hash.indexOf("item=") === 0) {
+      load();
+      showItem(decodeURIComponent(hash.slice(5)));
+    } else {
+      panel.hidden = true;
+    }
+  }
+
+  // Without JavaScript, #cell=N is the id of that cell's item table; with it, the panel
+  // (an overlay) shows the cell, and the page behind must not scroll to the table.
+  Array.prototype.forEach.call(document.querySelectorAll("details.bb-cell"), function (d) {
+    d.removeAttribute("id");
+  });
+  window.addEventListener("hashchange", route);
+  route();
+}());

@@ -1,0 +1,364 @@
+"""The per-cell viewer's data: for each item, every cell's row and post-strategy prompt.
+
+The report's tables read a few typed columns of every row; the viewer needs the rest of a
+row (reply, extracted answer, gold, grader, auxiliary calls) and the prompt, which only
+``prompts.jsonl`` holds (``--budgetbench-audit=full``; ``hash`` keeps its sha256 only).
+So it streams the run's files once more, and keeps the rows of at most
+:data:`MAX_ROWS` rows' worth of items: the first items in the records' order, shown sorted.
+Lines of other items are skipped on their ``item_id`` alone, read by a pattern, without
+parsing the line; ``prompts.jsonl`` lines are likewise skipped on their ``cell_id``.
+
+The document (:func:`viewer_data`) is what the page's script renders on demand::
+
+    cells  [{side, task, strategy, budget, reference, ref}]   ref: the cell index that
+           wins and losses are counted against (the task's reference; in a diff, run A)
+    items  [{key, task, item, category, gold, msgs, full, rows}]
+           msgs  every distinct message of the item's prompts once: [role, text]
+           full  the full history (a reference cell's prompt) as indices into msgs, or null
+           rows  one per cell and repeat, keys as in _ROW_KEYS, "p" the prompt's msgs
+                 indices (null when not kept) and "pm" why ("full", "hash", "none", "cap")
+    note   why items or prompts were left out, or ""
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.messages import text_of
+from pytest_budgetbench.records import PROMPTS_FILE
+from pytest_budgetbench.reports.load import cells_path, fast_loads
+
+MAX_ROWS = 25_000
+"""Rows embedded in one page (a 25-cell sweep of 1,000 items); beyond, items are left out
+and the page says how many. The tables above it always cover every item."""
+MAX_PROMPT_CHARS = 16_000_000
+"""Prompt text embedded in one page; the prompts of later items are left out beyond it."""
+MAX_TEXT_CHARS = 20_000
+"""A message, reply or error longer than this is cut, and says by how much."""
+MAX_AUX_CALLS = 50
+
+# Row field -> the short key the page reads (short: a page holds tens of thousands).
+_ROW_KEYS: dict[str, str] = {
+    "status": "s", "quality": "q", "grader": "g", "extracted": "x", "prediction": "y",
+    "error": "e", "counted_tokens": "t", "server_prompt_tokens": "st", "output_tokens": "o",
+    "utilisation": "u", "strategy_s": "ss", "model_s": "ms", "cached": "ca",
+    "aux_input_tokens": "ai", "aux_output_tokens": "ao", "aux_s": "as", "cell_id": "id",
+    "prompt_sha256": "sha",
+}
+_CLIPPED = frozenset({"prediction", "error", "extracted"})
+
+# The first keys of a line as the record writer writes them (json.dumps' separators).
+_ITEM_ID = re.compile(rb'"item_id": ("(?:[^"\\]|\\.)*")')
+_TASK = re.compile(rb'"task": ("(?:[^"\\]|\\.)*")')
+_CELL_ID = re.compile(rb'^\{"cell_id": ("(?:[^"\\]|\\.)*")')
+
+
+@dataclass(frozen=True)
+class Side:
+    """Runs read as one: a report's runs (label ""), or one run of a diff ("A", "B")."""
+
+    label: str
+    run_dirs: Sequence[Path]
+
+
+@dataclass(frozen=True)
+class ViewerCell:
+    side: str
+    task: str
+    strategy: str
+    budget: int
+    reference: bool = False
+    ref: int | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {"side": self.side, "task": self.task, "strategy": self.strategy,
+                "budget": self.budget, "reference": self.reference, "ref": self.ref}
+
+
+CellKey = tuple[str, str, str, int]
+"""(side, task, strategy, budget)"""
+
+
+def viewer_data(
+    sides: Sequence[Side],
+    cells: Sequence[ViewerCell],
+    *,
+    max_rows: int = MAX_ROWS,
+    max_prompt_chars: int = MAX_PROMPT_CHARS,
+) -> dict[str, Any]:
+    """The viewer's document for these cells (see the module docstring)."""
+    index = {(c.side, c.task, c.strategy, c.budget): i for i, c in enumerate(cells)}
+    picked = _Picked(max_rows)
+    for side in sides:
+        for run_dir in side.run_dirs:
+            for row in _rows_of(cells_path(run_dir), picked):
+                key = (side.label, str(row.get("task")), str(row.get("strategy")),
+                       _integer(row.get("budget")))
+                if key in index:
+                    picked.add(side.label, index[key], row)
+    prompts = _prompts(sides, picked)
+    items, capped = _items(cells, picked, prompts, max_prompt_chars)
+    notes = []
+    if picked.left_out:
+        total = len(picked.items) + len(picked.left_out)
+        notes.append(f"The viewer holds {len(picked.items)} of {total} items (the first in "
+                     f"the records, up to {max_rows:,} rows); the tables cover every item.")
+    if capped:
+        notes.append(f"The prompts of {capped} items are left out (over "
+                     f"{max_prompt_chars:,} characters of prompt text in one page).")
+    return {"cells": [c.public() for c in cells], "items": items, "note": " ".join(notes)}
+
+
+class _Picked:
+    """The items the page holds and their rows, chosen in the records' order."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.items: dict[tuple[str, str], dict[tuple[str, int, int], dict[str, Any]]] = {}
+        self.left_out: set[tuple[str, str]] = set()
+        self.rows = 0
+        self.item_ids: set[str] = set()
+
+    @property
+    def full(self) -> bool:
+        return self.rows >= self.max_rows
+
+    def add(self, side: str, cell: int, row: dict[str, Any]) -> None:
+        item = (str(row.get("task")), str(row.get("item_id")))
+        rows = self.items.get(item)
+        if rows is None:
+            if self.full:
+                self.left_out.add(item)
+                return
+            rows = self.items[item] = {}
+            self.item_ids.add(item[1])
+        key = (side, cell, _integer(row.get("repeat")))
+        if key not in rows:
+            self.rows += 1
+        rows[key] = row  # a resumed cell's last row wins
+
+
+def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
+    """The rows of a cells file; once the page is full, only those of picked items: a line
+    of another item is counted from its ids, read by a pattern, and not parsed."""
+    try:
+        handle = path.open("rb")
+    except OSError:
+        return
+    known: dict[tuple[bytes, bytes], tuple[str, str] | None] = {}  # raw ids -> ids
+    with handle:
+        for line in handle:
+            if picked.full:
+                ids = _line_ids(line, known)
+                if ids is not None and ids[1] not in picked.item_ids:
+                    picked.left_out.add(ids)
+                    continue
+            row = _parse_line(line)
+            if row is not None:
+                yield row
+
+
+def _line_ids(line: bytes, known: dict[tuple[bytes, bytes], tuple[str, str] | None]
+              ) -> tuple[str, str] | None:
+    """(task, item_id) of a cells.jsonl line, without parsing it; None if not found. An
+    item's rows share their ids' text, so each is decoded once (``known``)."""
+    task, item = _TASK.search(line), _ITEM_ID.search(line)
+    if task is None or item is None:
+        return None
+    raw = (task.group(1), item.group(1))
+    if raw not in known:
+        try:
+            known[raw] = (str(json.loads(raw[0])), str(json.loads(raw[1])))
+        except ValueError:
+            known[raw] = None
+    return known[raw]
+
+
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    fast = fast_loads()
+    for loads in (fast, json.loads) if fast is not None else (json.loads,):
+        try:
+            row = loads(line)
+        except ValueError:  # a torn write; or NaN, which json reads and orjson does not
+            continue
+        return row if isinstance(row, dict) else None
+    return None
+
+
+def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
+    """(side, cell_id) -> the prompts.jsonl record of each picked row, the one whose sha256
+    the row names when a resumed cell wrote several."""
+    wanted: dict[tuple[str, str], str | None] = {}
+    for rows in picked.items.values():
+        for (label, _cell, _repeat), row in rows.items():
+            wanted[(label, str(row.get("cell_id")))] = row.get("prompt_sha256")
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for side in sides:
+        for run_dir in side.run_dirs:
+            path = _prompts_path(run_dir)
+            for cell_id, record in _prompt_records(path, {c for s, c in wanted if s == side.label}):
+                key = (side.label, cell_id)
+                if key not in found or record.get("prompt_sha256") == wanted[key]:
+                    found[key] = record
+    return found
+
+
+def _prompts_path(run_dir: Path) -> Path:
+    return (run_dir.parent if run_dir.is_file() else run_dir) / PROMPTS_FILE
+
+
+def _prompt_records(path: Path, cell_ids: set[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    if not cell_ids:
+        return
+    try:
+        handle = path.open("rb")
+    except OSError:
+        return
+    with handle:
+        for line in handle:
+            match = _CELL_ID.match(line)
+            if match is not None:
+                try:
+                    cell_id = json.loads(match.group(1))
+                except ValueError:
+                    continue
+                if cell_id not in cell_ids:
+                    continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn write
+            if isinstance(record, dict) and record.get("cell_id") in cell_ids:
+                yield str(record["cell_id"]), record
+
+
+def _items(
+    cells: Sequence[ViewerCell],
+    picked: _Picked,
+    prompts: Mapping[tuple[str, str], dict[str, Any]],
+    max_prompt_chars: int,
+) -> tuple[list[dict[str, Any]], int]:
+    items = []
+    budget = max_prompt_chars
+    capped = 0
+    for (task, item_id), rows in sorted(picked.items.items()):
+        messages = _Messages()
+        entries = []
+        prompt_chars = 0
+        for (side, cell, repeat), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+            record = prompts.get((side, str(row.get("cell_id"))))
+            entry = _entry(row, cell, repeat)
+            if record is None:
+                entry["pm"] = "none"
+            elif not isinstance(record.get("messages"), list):
+                entry["pm"] = "hash"
+            else:
+                entry["p"] = messages.indices(record["messages"])
+                entry["pm"] = "full"
+            entries.append(entry)
+        prompt_chars = messages.chars
+        if prompt_chars > budget:
+            capped += 1
+            for entry in entries:
+                if entry.pop("p", None) is not None:
+                    entry["pm"] = "cap"
+            messages = _Messages()
+        else:
+            budget -= prompt_chars
+        first = next(iter(rows.values()))
+        items.append({
+            "key": f"{task}/{item_id}",
+            "task": task,
+            "item": item_id,
+            "category": first.get("category"),
+            "gold": next((r["gold"] for r in rows.values() if r.get("gold") is not None), None),
+            "msgs": messages.table,
+            "full": _full_history(cells, entries),
+            "rows": entries,
+        })
+    return items, capped
+
+
+def _entry(row: Mapping[str, Any], cell: int, repeat: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {"c": cell, "r": repeat}
+    for name, key in _ROW_KEYS.items():
+        value = row.get(name)
+        if value is None or value == "":
+            continue
+        entry[key] = clip(value) if name in _CLIPPED and isinstance(value, str) else value
+    calls = row.get("aux_calls")
+    if isinstance(calls, list) and calls:
+        entry["aux"] = calls[:MAX_AUX_CALLS]
+        if len(calls) > MAX_AUX_CALLS:
+            entry["auxn"] = len(calls)
+    return entry
+
+
+def _full_history(cells: Sequence[ViewerCell], entries: list[dict[str, Any]]) -> list[int] | None:
+    """The longest prompt a reference cell (full_context) sent: the item's whole history."""
+    prompts = [e["p"] for e in entries if e.get("p") is not None and cells[e["c"]].reference]
+    return max(prompts, key=len) if prompts else None
+
+
+class _Messages:
+    """An item's distinct messages, each held once however many prompts share it."""
+
+    def __init__(self) -> None:
+        self.table: list[list[str]] = []
+        self._index: dict[tuple[str, str], int] = {}
+        self.chars = 0
+
+    def indices(self, messages: Iterable[Any]) -> list[int]:
+        out = []
+        for message in messages:
+            role, text = _role_and_text(message)
+            key = (role, text)
+            position = self._index.get(key)
+            if position is None:
+                position = self._index[key] = len(self.table)
+                shown = clip(text)
+                self.table.append([role, shown])
+                self.chars += len(shown)
+            out.append(position)
+        return out
+
+
+def _role_and_text(message: Any) -> tuple[str, str]:
+    if not isinstance(message, dict):
+        return "?", json.dumps(message, ensure_ascii=False, default=str)
+    text = text_of(message)
+    content = message.get("content")
+    if isinstance(content, list):
+        other = sum(1 for part in content if isinstance(part, dict) and part.get("type") != "text")
+        if other:
+            text += f"\n[{other} non-text part{'s' if other > 1 else ''}]"
+    extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+    if extra:  # tool calls, names: shown as data
+        text += "\n" + json.dumps(extra, ensure_ascii=False, default=str)
+    return str(message.get("role", "?")), text
+
+
+def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"… [{len(text) - limit:,} more characters]"
+
+
+def _integer(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
+def page_json(document: Mapping[str, Any]) -> str:
+    """The document as JSON that can sit inside a <script type="application/json"> block:
+    no "<", ">" or "&" is left in it, so model text can never close the block."""
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False, default=str,
+                      separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

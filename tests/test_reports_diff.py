@@ -1,0 +1,110 @@
+"""``budgetbench diff RUN_A RUN_B``: paired per-item changes, flips, the markdown summary,
+diff.html, and the exit status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.cli import main
+from pytest_budgetbench.reports.diff import diff_runs
+from pytest_budgetbench.reports.synthetic import synthetic_rows, write_prompts, write_run
+
+pytest.importorskip("pandas")
+
+STRATEGIES = ("full_context", "truncation", "rag")
+BUDGETS = (512, 4096)
+
+
+def run_pair(tmp_path: Path, change: str = "rag") -> tuple[Path, Path]:
+    """Two runs of the same cells; in B, ``change`` loses every item A scored and takes
+    100 more tokens (the other strategies are the same rows)."""
+    rows = synthetic_rows(items=40, strategies=STRATEGIES, budgets=BUDGETS)
+    changed: list[dict[str, Any]] = []
+    for row in rows:
+        if row["strategy"] == change and row["status"] == "ok":
+            row = {**row, "quality": 0.0, "counted_tokens": row["counted_tokens"] + 100}
+        changed.append(row)
+    a, b = write_run(tmp_path / "a", rows), write_run(tmp_path / "b", changed)
+    write_prompts(a, rows)
+    write_prompts(b, changed)
+    return a, b
+
+
+def test_paired_changes_intervals_and_flips(tmp_path: Path) -> None:
+    a, b = run_pair(tmp_path)
+    result = diff_runs(a, b, resamples=300)
+    table = result.table.set_index(["strategy", "budget"])
+    same = table.loc[("truncation", 4096)]
+    assert same["delta"] == same["delta_lo"] == same["delta_hi"] == 0.0
+    assert same["status_changed"] == 0 and same["worse"] == 0
+    rag = table.loc[("rag", 4096)]
+    assert rag["quality_b"] == 0.0 and rag["delta"] == -rag["quality_a"] < 0
+    assert rag["delta_lo"] <= rag["delta"] <= rag["delta_hi"] < 0
+    assert rag["tokens_delta"] == rag["tokens_lo"] == rag["tokens_hi"] == 100.0
+    assert rag["worse"] == rag["quality_a"] * rag["n_paired"]
+    assert {f["strategy"] for f in result.flips} == {"rag"}
+    assert all(f["quality_a"] == 1.0 and f["quality_b"] == 0.0 for f in result.flips)
+
+
+def test_diff_prints_markdown_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    a, b = run_pair(tmp_path)
+    assert main(["diff", str(a), str(b), "--format=md", "--resamples=200"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## budgetbench diff")
+    assert "| memory | rag | 4096 |" in out and "| memory | truncation | 512 |" in out
+    assert "### Flipped items (" in out and "### Regressions" not in out
+
+
+@pytest.mark.parametrize(("tolerance", "status"), [("0.05", 1), ("1.5", 0)])
+def test_fail_on_regression_judges_the_upper_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tolerance: str, status: int
+) -> None:
+    a, b = run_pair(tmp_path)
+    code = main(["diff", str(a), str(b), "--format=md", "--resamples=200",
+                 f"--fail-on-regression={tolerance}"])
+    assert code == status
+    captured = capsys.readouterr()
+    if status:
+        assert "### Regressions" in captured.out
+        assert "budgetbench: regression: memory: rag@4096: quality changed by" in captured.err
+        assert "truncation" not in captured.err
+    else:
+        assert captured.err == ""
+
+
+def test_a_run_diffed_with_itself_passes_the_gate(tmp_path: Path) -> None:
+    a, _b = run_pair(tmp_path)
+    assert main(["diff", str(a), str(a), "--fail-on-regression=0", "--resamples=100"]) == 0
+
+
+def test_out_writes_markdown_json_and_a_page_with_the_viewer(tmp_path: Path) -> None:
+    a, b = run_pair(tmp_path)
+    assert main(["diff", str(a), str(b), "--out", str(tmp_path / "d"), "--format=json",
+                 "--resamples=100"]) == 0
+    document = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert document["schema"] == "budgetbench-diff" and len(document["cells"]) == 6
+    page = (tmp_path / "d" / "diff.html").read_text()
+    assert 'id="bb-data"' in page and 'href="#cell=1"' in page  # B's cell, judged against A
+    data = page.split('id="bb-data">', 1)[1].split("</script>", 1)[0]
+    viewer = json.loads(data)
+    assert [c["side"] for c in viewer["cells"][:2]] == ["A", "B"]
+    assert viewer["cells"][1]["ref"] == 0
+    assert (tmp_path / "d" / "diff.md").read_text().startswith("## budgetbench diff")
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    a, _b = run_pair(tmp_path)
+    assert main(["diff", str(a), str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"budgetbench: error: run directory not found: {tmp_path / 'missing'}\n"
+    other = write_run(tmp_path / "other", synthetic_rows(items=3, tasks=("qa",)))
+    assert main(["diff", str(a), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "have no cell (task, strategy@budget) in common" in err
+    assert "qa: full_context@256" in err

@@ -1,0 +1,206 @@
+"""The per-cell viewer of report.html: its data (rows, prompts, caps), the page parts, and
+the page in headless Chromium (skipped, with the reason, where none is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.records import PROMPTS_FILE
+from pytest_budgetbench.reports import build_report
+from pytest_budgetbench.reports.synthetic import (
+    make_row,
+    synthetic_history,
+    synthetic_rows,
+    write_prompts,
+    write_run,
+)
+from pytest_budgetbench.reports.viewer import Side, ViewerCell, page_json, viewer_data
+from pytest_budgetbench.reports.viewer_page import script_csp_source, script_text
+
+pytest.importorskip("pandas")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+try:
+    from screenshot_report import find_chromium
+finally:
+    sys.path.pop(0)
+
+EVIL_REPLY = "<script>document.title='pwned'</script><img src=x id=evil>"
+STRATEGIES = ("full_context", "truncation", "recency", "summary", "rag")
+
+
+def sweep(tmp_path: Path, items: int = 8, **row_fields: Any) -> tuple[Path, list[dict[str, Any]]]:
+    rows = synthetic_rows(items=items, strategies=STRATEGIES, budgets=(512, 1024, 2048, 4096))
+    rows = [{**row, "gold": ["note 21"], **row_fields} for row in rows]
+    run = write_run(tmp_path / "run", rows)
+    write_prompts(run, rows)
+    return run, rows
+
+
+def cells_of(rows: list[dict[str, Any]]) -> list[ViewerCell]:
+    keys = sorted({(r["task"], r["strategy"], r["budget"], r["reference"]) for r in rows})
+    return [ViewerCell("", task, strategy, budget, reference)
+            for task, strategy, budget, reference in keys]
+
+
+# -- the data -------------------------------------------------------------------------------
+def test_an_item_holds_every_cell_with_its_prompt_marked_against_the_full_history(
+    tmp_path: Path,
+) -> None:
+    run, rows = sweep(tmp_path)
+    cells = cells_of(rows)
+    data = viewer_data([Side("", [run])], cells)
+    assert data["note"] == ""
+    item = next(i for i in data["items"] if i["key"] == "memory/item00003")
+    assert len(item["rows"]) == len(cells) and item["gold"] == ["note 21"]
+    # Each distinct message is held once; the full history is the reference's prompt.
+    texts = [text for _role, text in item["msgs"]]
+    assert len(texts) == len(set(texts)) == len(synthetic_history("item00003"))
+    assert [item["msgs"][i][1] for i in item["full"]] == [
+        m["content"] for m in synthetic_history("item00003")]
+    truncation = next(r for r in item["rows"] if cells[r["c"]].strategy == "truncation"
+                      and cells[r["c"]].budget == 512)
+    assert truncation["pm"] == "full" and set(truncation["p"]) < set(item["full"])
+    assert truncation["s"] in ("ok", "violation") and truncation["id"].endswith("truncation-512")
+
+
+def test_prompts_follow_the_audit_hash_only_or_absent(tmp_path: Path) -> None:
+    run, rows = sweep(tmp_path, items=2)
+    records = [json.loads(line) for line in (run / PROMPTS_FILE).read_text().splitlines()]
+    hashed = [{k: v for k, v in r.items() if k != "messages"} | {"prompt_sha256": "ab" * 32}
+              for r in records]
+    (run / PROMPTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in hashed))
+    data = viewer_data([Side("", [run])], cells_of(rows))
+    assert {r["pm"] for i in data["items"] for r in i["rows"]} == {"hash"}
+    assert all(i["full"] is None and i["msgs"] == [] for i in data["items"])
+    (run / PROMPTS_FILE).unlink()
+    data = viewer_data([Side("", [run])], cells_of(rows))
+    assert {r["pm"] for i in data["items"] for r in i["rows"]} == {"none"}
+
+
+def test_a_large_run_is_capped_with_a_note_and_whole_items(tmp_path: Path) -> None:
+    run, rows = sweep(tmp_path, items=30)
+    per_item = len(STRATEGIES) * 4
+    data = viewer_data([Side("", [run])], cells_of(rows), max_rows=5 * per_item)
+    assert len(data["items"]) == 5
+    assert all(len(item["rows"]) == per_item for item in data["items"])  # never half an item
+    assert "holds 5 of 30 items" in data["note"]
+    capped = viewer_data([Side("", [run])], cells_of(rows), max_prompt_chars=2000)
+    modes = [{r["pm"] for r in item["rows"]} for item in capped["items"]]
+    assert {"full"} in modes and {"cap"} in modes and "prompts of" in capped["note"]
+
+
+def test_a_resumed_cell_shows_its_last_row(tmp_path: Path) -> None:
+    run, rows = sweep(tmp_path, items=2)
+    again = make_row("memory", "item00001", "rag", 512, prediction="second try", quality=0.0)
+    with (run / "cells.jsonl").open("a") as handle:
+        handle.write(json.dumps(again) + "\n")
+    data = viewer_data([Side("", [run])], cells_of(rows))
+    item = next(i for i in data["items"] if i["item"] == "item00001")
+    replies = [r.get("y") for r in item["rows"] if r["id"] == again["cell_id"]]
+    assert replies == ["second try"]
+
+
+def test_page_json_cannot_close_its_script_block() -> None:
+    document = {"reply": EVIL_REPLY + "</script><!-- & -->"}
+    text = page_json(document)
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == document
+
+
+def test_report_html_links_the_summary_to_the_viewer_and_allows_only_its_script(
+    tmp_path: Path,
+) -> None:
+    run, _rows = sweep(tmp_path, items=3)
+    report = build_report([run], tmp_path / "out", resamples=100, plots=False)
+    page = report.paths["html"].read_text(encoding="utf-8")
+    assert page.count('href="#cell=') >= len(report.summary)
+    assert 'id="cell=0"' in page and "#item=memory%2Fitem00002" in page
+    policy = re.search(r'Content-Security-Policy" content="([^"]*)"', page)
+    assert policy is not None
+    assert policy.group(1).endswith(f"script-src {script_csp_source(script_text())}")
+    assert f"<script>{script_text()}</script>" in page  # the hashed text, byte for byte
+    assert " on" + "click=" not in page.replace(script_text(), "")  # no inline handlers
+    no_viewer = build_report([run], tmp_path / "plain", resamples=100, plots=False,
+                             viewer_rows=0)
+    assert "<script" not in no_viewer.paths["html"].read_text(encoding="utf-8")
+
+
+# -- in a browser ---------------------------------------------------------------------------
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium on PATH (chromium, chromium-browser or google-chrome)"
+)
+
+
+def browse(url: str) -> str:
+    """The DOM of ``url`` after its scripts ran, from headless Chromium (no network)."""
+    assert CHROMIUM is not None
+    with tempfile.TemporaryDirectory(prefix="budgetbench-chromium-") as profile:
+        result = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=5000",
+             "--dump-dom", url],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def big_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1,200 cells (5 strategies x 5 budgets x 48 items), prompts kept, and a reply that
+    carries markup."""
+    tmp = tmp_path_factory.mktemp("viewer")
+    rows = synthetic_rows(items=48)
+    rows.append(make_row("memory", "item00003", "rag", 512, prediction=EVIL_REPLY,
+                         extracted="<b>x</b>", quality=0.0, gold=["note 21"]))
+    run = write_run(tmp / "run", rows)
+    write_prompts(run, rows)
+    assert len({r["cell_id"] for r in rows}) >= 1000
+    report = build_report([run], tmp / "out", resamples=100, plots=False)
+    return report.paths["html"]
+
+
+@needs_chromium
+def test_the_viewer_opens_an_item_with_its_prompts_and_keeps_model_markup_inert(
+    big_report: Path,
+) -> None:
+    url = big_report.resolve().as_uri() + "#item=" + urllib.parse.quote("memory/item00003",
+                                                                        safe="")
+    dom = browse(url)
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    assert "memory / item00003" in panel
+    assert panel.count('class="bb-col"') == 25  # every strategy x budget, side by side
+    assert "item00003 turn 5: note 35" in panel  # the prompt, message by message
+    assert "· kept ·" in panel and "dropped from the full history" in panel
+    # The reply is shown as text: its script never ran and its img is no element.
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in panel
+    assert "<title>budgetbench report</title>" in dom and "pwned</title>" not in dom
+    assert 'id="evil"' not in dom and dom.count("<script") == 2
+
+
+@needs_chromium
+def test_a_cell_lists_its_items_and_without_javascript_the_tables_remain(
+    big_report: Path,
+) -> None:
+    dom = browse(big_report.resolve().as_uri() + "#cell=7")
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    assert "48 items; wins and losses against full_context@4096" in panel
+    assert panel.count('href="#item=memory%2Fitem') == 48
+    # Without JavaScript (headless Chromium cannot dump a DOM without it, so the file is
+    # read): the panel stays hidden, and #cell=7 is the id of that cell's item table.
+    page = big_report.read_text(encoding="utf-8")
+    assert '<section id="bb-viewer" hidden></section>' in page and "<noscript>" in page
+    assert '<details class="bb-cell" id="cell=7">' in page and "<h2>Summary</h2>" in page
