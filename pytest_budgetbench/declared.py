@@ -16,15 +16,16 @@ heavy at module level (models, torch and embedders load on first use).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, TaskDefinition
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.options import Option, check_keys, declared, owner_name, resolve_values
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
-from pytest_budgetbench.tasks import Task
+from pytest_budgetbench.tasks import Task, resolve_task
 
 TASK_OPTIONS_FLAG = "--budgetbench-task-options"
 STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
@@ -36,13 +37,22 @@ def flag_specs(
     *,
     registered: bool = True,
     known: Iterable[OptionSpec] = (),
+    named: Mapping[str, TaskDefinition] | None = None,
 ) -> list[OptionSpec]:
     """The declared flags of the registered tasks and strategies (unless not
-    ``registered``) and of the ``module:attr`` ones among ``tasks`` and ``strategies``, in
-    registry order; none whose dest is among ``known`` or the core's."""
+    ``registered``), of the ``module:attr`` ones among ``tasks`` and ``strategies`` and of
+    the ``named`` task instances, in registry order; none whose dest is among ``known`` or
+    the core's. A named instance that does not resolve gets no flags here: the settings
+    check reports it."""
     specs: dict[str, OptionSpec] = {spec.dest: spec for spec in (*OPTIONS, *known)}
     taken = set(specs)
-    for task in TASKS.classes(tasks, registered=registered):
+    task_classes = TASKS.classes(tasks, registered=registered)
+    for name in named or {}:
+        try:
+            task_classes.append(resolve_task(name, named))
+        except ConfigError:
+            continue
+    for task in task_classes:
         if task.data is not None:
             name = owner_name(task)
             specs.setdefault(f"data_{name}", OptionSpec(
