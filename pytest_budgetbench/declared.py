@@ -51,18 +51,22 @@ def flag_specs(
         try:
             task_classes.append(resolve_task(name, named))
         except ConfigError:
-            continue
+            # Its data flag still parses, so the settings check can name the real problem.
+            specs.setdefault(f"data_{name}", _data_spec(name, "its data file"))
     for task in task_classes:
         if task.data is not None:
             name = owner_name(task)
-            specs.setdefault(f"data_{name}", OptionSpec(
-                f"data_{name}", f"path of the official {name} data ({task.data.what})", str,
-                env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
-                key=name))
+            specs.setdefault(f"data_{name}", _data_spec(name, task.data.what))
         _add_flags(specs, task, "task")
     for strategy in STRATEGIES.classes(strategies, registered=registered):
         _add_flags(specs, strategy, "strategy")
     return [spec for dest, spec in specs.items() if dest not in taken]
+
+
+def _data_spec(name: str, what: str) -> OptionSpec:
+    return OptionSpec(f"data_{name}", f"path of the {name} data ({what})", str,
+                      env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
+                      key=name)
 
 
 def _add_flags(specs: dict[str, OptionSpec], cls: type[Any], section: str) -> None:

@@ -22,9 +22,8 @@ from pytest_budgetbench.config import (
     TaskDefinition,
     ini_text,
     load_settings,
-    parse_named_tasks,
+    parse_task_definition,
     split_top_level,
-    task_entries,
 )
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
@@ -86,11 +85,16 @@ def _named(config: pytest.Config, dest: str) -> list[str]:
 def _instances(config: pytest.Config, tasks: list[str]) -> dict[str, TaskDefinition]:
     """The named task instances, whose data flags the registries cannot list; a bad
     definition is left for the settings check to report."""
-    try:
-        named = parse_named_tasks(_raw(config, "named_tasks"))
-        return {**named, **task_entries(tasks)[1]}
-    except BudgetBenchError:
-        return {}
+    found: dict[str, TaskDefinition] = {}
+    definitions = [*split_top_level(_raw(config, "named_tasks")),
+                   *(entry for entry in tasks if "=" in entry)]
+    for text in definitions:
+        try:
+            name, definition = parse_task_definition(text, "--budgetbench-tasks")
+        except BudgetBenchError:
+            continue
+        found[name] = definition
+    return found
 
 
 def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
