@@ -254,6 +254,49 @@ def run_fetch_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- import-chats ---------------------------------------------------------------------------
+def add_import_chats_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    parser = subparsers.add_parser(
+        "import-chats",
+        help="turn a transcript export and a questions file into the jsonl task's records",
+        description="Read an OpenAI-style transcript export (a JSON list of chats with "
+        "'messages' and 'id', or JSON lines) and a questions file (chat_id, question, answer, "
+        "optional category, id, rubric), and write one jsonl-task record per question: the "
+        "chat as history, then the question. Tool calls and results become text. The output "
+        "is checked as a sweep reads it. --write-example DIR writes a generated export and "
+        "questions file to try it on.",
+    )
+    parser.add_argument("export", type=Path, nargs="?", metavar="EXPORT",
+                        help="the transcript export (JSON or JSON lines)")
+    parser.add_argument("questions", type=Path, nargs="?", metavar="QUESTIONS",
+                        help="the questions file (JSON or JSON lines)")
+    parser.add_argument("--out", type=Path, metavar="FILE", default=Path("chats.jsonl"),
+                        help="the records to write (default: chats.jsonl)")
+    parser.add_argument("--write-example", type=Path, metavar="DIR",
+                        help="write DIR/export.json and DIR/questions.jsonl, and stop")
+    parser.set_defaults(handler=run_import_chats)
+
+
+def run_import_chats(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.errors import BudgetBenchError
+    from pytest_budgetbench.tasks.import_chats import import_chats, write_example
+
+    if args.write_example is not None:
+        export, questions = write_example(args.write_example)
+        print(f"budgetbench: wrote {export} and {questions}")
+        return EXIT_OK
+    if args.export is None or args.questions is None:
+        return _usage("import-chats needs EXPORT and QUESTIONS (or --write-example DIR)")
+    try:
+        count = import_chats(args.export, args.questions, args.out)
+    except BudgetBenchError as exc:
+        return _usage(str(exc))
+    print(f"budgetbench: wrote {count} records to {args.out}")
+    return EXIT_OK
+
+
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
@@ -261,6 +304,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     add_train_router_command,
     add_regrade_command,
     add_fetch_model_command,
+    add_import_chats_command,
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -31,6 +32,111 @@ def _name_list(option: str) -> Callable[[str], tuple[str, ...]]:
         return names
 
     return parse
+
+
+def split_top_level(raw: str) -> list[str]:
+    """``raw`` split at the commas outside parentheses and quotes, each part stripped,
+    empty parts dropped: ``a,b=jsonl(path=x, grader=f1)`` is two parts."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for char in raw:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return [part.strip() for part in parts if part.strip()]
+
+
+TaskDefinition = tuple[str, dict[str, str]]
+"""A named task instance: (the task it is an instance of, its KEY=VALUE options as text)."""
+
+_DEFINITION = re.compile(
+    r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<kind>[A-Za-z0-9_.:]+)\s*"
+    r"(?:\((?P<params>.*)\))?", re.DOTALL)
+DEFINITION_EXAMPLE = "support_chats=jsonl(path=data/chats.jsonl, grader=f1)"
+
+
+def parse_task_definition(text: str, option: str) -> tuple[str, TaskDefinition]:
+    """``NAME=TASK(KEY=VALUE, ...)`` -> (NAME, (TASK, {KEY: VALUE})); a value may be quoted
+    ("..." or '...') to hold commas or parentheses."""
+    match = _DEFINITION.fullmatch(text.strip())
+    if match is None or _unbalanced(text):
+        raise ConfigError(
+            f"{option}: {text!r} is not a task definition NAME=TASK(KEY=VALUE, ...), e.g. "
+            f"{option}={DEFINITION_EXAMPLE}"
+        )
+    params: dict[str, str] = {}
+    for part in split_top_level(match["params"] or ""):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ConfigError(
+                f"{option}: task '{match['name']}' option {part!r} is not KEY=VALUE, e.g. "
+                f"{DEFINITION_EXAMPLE}"
+            )
+        if key.strip() in params:
+            raise ConfigError(f"{option}: task '{match['name']}' sets {key.strip()!r} twice")
+        params[key.strip()] = _unquote(value.strip())
+    return match["name"], (match["kind"], params)
+
+
+def _unbalanced(text: str) -> bool:
+    stripped = re.sub(r"\"[^\"]*\"|'[^']*'", "", text)
+    return stripped.count("(") != stripped.count(")") or '"' in stripped or "'" in stripped
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def parse_named_tasks(raw: str) -> dict[str, TaskDefinition]:
+    """``--budgetbench-named-tasks``: definitions separated by commas (or ini lines)."""
+    option = "--budgetbench-named-tasks"
+    named: dict[str, TaskDefinition] = {}
+    for part in split_top_level(raw):
+        name, definition = parse_task_definition(part, option)
+        if name in named:
+            raise ConfigError(f"{option}: task '{name}' is defined twice; keep one definition")
+        named[name] = definition
+    return named
+
+
+def parse_task_list(raw: str) -> tuple[str, ...]:
+    """``--budgetbench-tasks``: names, ``module:attr`` or inline definitions, split at the
+    commas outside parentheses (:func:`task_entries` separates the definitions)."""
+    entries = tuple(split_top_level(raw))
+    if not entries:
+        raise ConfigError("--budgetbench-tasks must name at least one entry, e.g. "
+                          "--budgetbench-tasks=a,b (got '')")
+    return entries
+
+
+def task_entries(entries: Sequence[str]) -> tuple[tuple[str, ...], dict[str, TaskDefinition]]:
+    """The task names of ``--budgetbench-tasks`` entries, and the instances defined inline
+    (``NAME=TASK(...)`` selects NAME and defines it)."""
+    names: list[str] = []
+    defined: dict[str, TaskDefinition] = {}
+    for entry in entries:
+        if "=" in entry:
+            name, definition = parse_task_definition(entry, "--budgetbench-tasks")
+            defined[name] = definition
+            entry = name
+        if entry in names:
+            raise ConfigError(f"--budgetbench-tasks: '{entry}' is listed twice; list it once")
+        names.append(entry)
+    return tuple(names), defined
 
 
 BUDGETS_OFF = "off"
@@ -217,8 +323,9 @@ class OptionSpec:
     option, a field of Settings."""
     key: str = ""
     """The declared option's key (for "data": the task's name)."""
-    ini_type: Literal["string", "args"] = "string"
-    """pytest's ini type; "args" also takes a TOML list (``budgetbench_budgets = [512, 2048]``)."""
+    ini_type: Literal["string", "args", "linelist"] = "string"
+    """pytest's ini type; "args" also takes a TOML list (``budgetbench_budgets = [512, 2048]``),
+    "linelist" one entry per line (or a TOML list)."""
 
     @property
     def default_text(self) -> str:
@@ -229,7 +336,7 @@ class OptionSpec:
 
     @property
     def ini_default(self) -> str | list[str]:
-        return [] if self.ini_type == "args" else ""
+        return "" if self.ini_type == "string" else []
 
     @property
     def flag(self) -> str:
@@ -258,8 +365,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("strategies", "strategy names or module:attr, comma-separated",
                _name_list("--budgetbench-strategies"), ("full_context", "truncation", "rag"),
                ini_type="args"),
-    OptionSpec("tasks", "task names or module:attr, comma-separated",
-               _name_list("--budgetbench-tasks"), ("memory",), ini_type="args"),
+    OptionSpec("tasks", "task names, module:attr or NAME=TASK(KEY=VALUE,...) instances, "
+               "comma-separated", parse_task_list, ("memory",), ini_type="args"),
+    OptionSpec("named_tasks", "task instances the sweep may name, NAME=TASK(KEY=VALUE,...), "
+               "comma-separated (in the ini: one per line), e.g. " + DEFINITION_EXAMPLE,
+               parse_named_tasks, None, metavar="NAME=TASK(KEY=VALUE,...),...",
+               ini_type="linelist"),
     OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 10),
     OptionSpec("seed", "seed for generated tasks and sampling", _int("--budgetbench-seed"), 0),
     OptionSpec("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
@@ -369,6 +480,10 @@ class Settings:
     budgets: tuple[int, ...] = ()
     strategies: tuple[str, ...] = ("full_context", "truncation", "rag")
     tasks: tuple[str, ...] = ("memory",)
+    """Task names (a registered name, ``module:attr`` or a key of ``named_tasks``)."""
+    named_tasks: dict[str, TaskDefinition] = field(default_factory=dict)
+    """Named task instances, by name: --budgetbench-named-tasks and the definitions inline
+    in --budgetbench-tasks."""
     items: int = 10
     seed: int = 0
     endpoint: str | None = None
@@ -496,6 +611,8 @@ def load_settings(
             values[spec.dest] = value
         elif raw is not None:
             sections[spec.section][spec.key] = ini_text(raw).strip()
+    values["tasks"], inline = task_entries(values["tasks"])
+    values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
     settings = Settings(**values, data_paths=sections["data"], task_flags=sections["task"],
                         strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):

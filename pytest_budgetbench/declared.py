@@ -16,15 +16,16 @@ heavy at module level (models, torch and embedders load on first use).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, TaskDefinition
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.options import Option, check_keys, declared, owner_name, resolve_values
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
-from pytest_budgetbench.tasks import Task
+from pytest_budgetbench.tasks import Task, resolve_task
 
 TASK_OPTIONS_FLAG = "--budgetbench-task-options"
 STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
@@ -36,23 +37,36 @@ def flag_specs(
     *,
     registered: bool = True,
     known: Iterable[OptionSpec] = (),
+    named: Mapping[str, TaskDefinition] | None = None,
 ) -> list[OptionSpec]:
     """The declared flags of the registered tasks and strategies (unless not
-    ``registered``) and of the ``module:attr`` ones among ``tasks`` and ``strategies``, in
-    registry order; none whose dest is among ``known`` or the core's."""
+    ``registered``), of the ``module:attr`` ones among ``tasks`` and ``strategies`` and of
+    the ``named`` task instances, in registry order; none whose dest is among ``known`` or
+    the core's. A named instance that does not resolve gets no flags here: the settings
+    check reports it."""
     specs: dict[str, OptionSpec] = {spec.dest: spec for spec in (*OPTIONS, *known)}
     taken = set(specs)
-    for task in TASKS.classes(tasks, registered=registered):
+    task_classes = TASKS.classes(tasks, registered=registered)
+    for name in named or {}:
+        try:
+            task_classes.append(resolve_task(name, named))
+        except ConfigError:
+            # Its data flag still parses, so the settings check can name the real problem.
+            specs.setdefault(f"data_{name}", _data_spec(name, "its data file"))
+    for task in task_classes:
         if task.data is not None:
             name = owner_name(task)
-            specs.setdefault(f"data_{name}", OptionSpec(
-                f"data_{name}", f"path of the official {name} data ({task.data.what})", str,
-                env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
-                key=name))
+            specs.setdefault(f"data_{name}", _data_spec(name, task.data.what))
         _add_flags(specs, task, "task")
     for strategy in STRATEGIES.classes(strategies, registered=registered):
         _add_flags(specs, strategy, "strategy")
     return [spec for dest, spec in specs.items() if dest not in taken]
+
+
+def _data_spec(name: str, what: str) -> OptionSpec:
+    return OptionSpec(f"data_{name}", f"path of the {name} data ({what})", str,
+                      env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
+                      key=name)
 
 
 def _add_flags(specs: dict[str, OptionSpec], cls: type[Any], section: str) -> None:

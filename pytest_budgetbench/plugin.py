@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, ini_text, load_settings
+from pytest_budgetbench.config import (
+    OPTIONS,
+    OptionSpec,
+    Settings,
+    TaskDefinition,
+    ini_text,
+    load_settings,
+    parse_task_definition,
+    split_top_level,
+)
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
@@ -51,20 +60,41 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     registries cannot list when options are first added (e.g. their data flag)."""
     specs = list(_registered)
     tasks, strategies = _named(early_config, "tasks"), _named(early_config, "strategies")
-    if any(":" in name for name in (*tasks, *strategies)):
+    instances = _instances(early_config, tasks)
+    if instances or any(":" in name for name in (*tasks, *strategies)):
         from pytest_budgetbench.declared import flag_specs
 
-        specs += flag_specs(tasks, strategies, registered=False, known=specs)
+        specs += flag_specs(tasks, strategies, registered=False, known=specs, named=instances)
         _add_options(parser, specs)
     early_config.stash[DECLARED_KEY] = specs
 
 
-def _named(config: pytest.Config, dest: str) -> list[str]:
-    """The raw names --budgetbench-<dest> or its ini twin gives, before settings exist."""
+def _raw(config: pytest.Config, dest: str) -> str:
+    """What --budgetbench-<dest> or its ini twin gives, as text, before settings exist."""
     raw = getattr(config.known_args_namespace, f"budgetbench_{dest}", None)
     if raw is None:
         raw = config.getini(f"budgetbench_{dest}") or ""
-    return [part.strip() for part in ini_text(raw).split(",") if part.strip()]
+    return ini_text(raw)
+
+
+def _named(config: pytest.Config, dest: str) -> list[str]:
+    """The raw entries --budgetbench-<dest> or its ini twin gives, before settings exist."""
+    return split_top_level(_raw(config, dest))
+
+
+def _instances(config: pytest.Config, tasks: list[str]) -> dict[str, TaskDefinition]:
+    """The named task instances, whose data flags the registries cannot list; a bad
+    definition is left for the settings check to report."""
+    found: dict[str, TaskDefinition] = {}
+    definitions = [*split_top_level(_raw(config, "named_tasks")),
+                   *(entry for entry in tasks if "=" in entry)]
+    for text in definitions:
+        try:
+            name, definition = parse_task_definition(text, "--budgetbench-tasks")
+        except BudgetBenchError:
+            continue
+        found[name] = definition
+    return found
 
 
 def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:

@@ -37,10 +37,10 @@ class NothingToRun(BudgetBenchError):
 def check_settings(settings: Settings) -> None:
     """Names, options and paths, from the settings alone; a ConfigError names the value."""
     from pytest_budgetbench.declared import check_options
-    from pytest_budgetbench.tasks import REGISTRY as TASKS
+    from pytest_budgetbench.tasks import sweep_tasks
 
     strategies = strategy_classes(settings.strategies)
-    tasks = {name: TASKS.resolve(name) for name in settings.tasks}
+    tasks = sweep_tasks(settings.tasks, settings.named_tasks)
     check_options(settings, tasks.values(), strategies.values())
     _check_reference(settings, {cls.name for cls in strategies.values()})
     _check_grader_variants(settings, tasks)
@@ -164,7 +164,7 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
 
     ``cells`` is the sweep's cell list (reading it loads every task's items, which raises
     a DataError or ConfigError naming the file)."""
-    for task in settings.tasks:
+    for task in catalog.names:
         catalog.items(task)
     check_not_empty(settings, cells)
     _check_baseline(settings, cells)

@@ -9,7 +9,7 @@ factory ``module:attr`` registered for the prefix returns for the suffix.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar, cast
 
@@ -27,6 +27,8 @@ class Registry(Generic[T]):
         base: type[Any],
         builtin: dict[str, str],
         patterns: dict[str, str] | None = None,
+        adapt: Callable[[str, object], type[Any] | None] | None = None,
+        accepts: str = "",
     ) -> None:
         # ``base`` is an abstract class, which mypy will not accept as ``type[T]``.
         self.kind = kind
@@ -35,6 +37,11 @@ class Registry(Generic[T]):
         self.base = base
         self.builtin = builtin
         self.patterns = patterns or {}
+        self.adapt = adapt
+        """Makes a class of what is not a ``base`` subclass (e.g. a plain callable
+        strategy), or returns None."""
+        self.accepts = accepts
+        """What else ``adapt`` takes, for the error message."""
 
     def available(self) -> dict[str, str]:
         """Every selectable name, mapped to its ``module:attr``."""
@@ -95,8 +102,12 @@ class Registry(Generic[T]):
 
     def _check(self, spec: str, obj: object) -> type[T]:
         if not (isinstance(obj, type) and issubclass(obj, self.base)):
+            adapted = self.adapt(spec, obj) if self.adapt is not None else None
+            if adapted is not None:
+                return cast(type[T], adapted)
+            also = f" or {self.accepts}" if self.accepts else ""
             raise ConfigError(
-                f"{self.kind} '{spec}' must be a {self.base.__name__} subclass "
-                f"(got {obj!r} that is a {type(obj).__name__})"
+                f"{self.kind} '{spec}' must be a {self.base.__name__} subclass{also} "
+                f"(got {obj!r:.80} that is a {type(obj).__name__})"
             )
         return cast(type[T], obj)

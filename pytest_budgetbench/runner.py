@@ -41,8 +41,7 @@ from pytest_budgetbench.model import (
 )
 from pytest_budgetbench.records import CellRow, RunStore
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
-from pytest_budgetbench.tasks import REGISTRY as TASKS
-from pytest_budgetbench.tasks import Item, Task, TaskOptions
+from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
 from pytest_budgetbench.tasks.base import CHUNK_TOKENS
 
 Timer = Callable[[Callable[[], Completion]], Completion]
@@ -183,6 +182,12 @@ class Catalog:
         self.settings = settings
         self._tasks: dict[str, Task] = {}
         self._items: dict[str, list[Item]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The sweep's task names, as cells and rows carry them (a class's ``name``, not
+        the ``module:attr`` that selected it)."""
+        return list(sweep_tasks(self.settings.tasks, self.settings.named_tasks))
 
     def provide(self, task: Task, items: list[Item]) -> None:
         """Use ``task`` and ``items``, already loaded, for cells of ``task.name``."""
@@ -463,8 +468,10 @@ class Runner:
 
 
 def make_task(name: str, settings: Settings) -> Task:
-    cls = TASKS.resolve(name)
-    data = settings.data_paths.get(cls.name or name)
+    """The task ``name`` (as cells and rows call it, or as --budgetbench-tasks names it)."""
+    cls = (sweep_tasks(settings.tasks, settings.named_tasks).get(name)
+           or resolve_task(name, settings.named_tasks))
+    data = settings.data_paths.get(cls.name or name) or cls.default_data_path
     values = task_values(cls, settings)
     judge = None
     if settings.judge_endpoint:

@@ -320,8 +320,8 @@ class BudgetBenchSession:
     @functools.cached_property
     def cells(self) -> list[Cell]:
         """The sweep's cells; built once, as collection and parametrization both need them."""
-        tasks = self.settings.tasks
-        items = {task: [i.item_id for i in self.catalog.items(task)] for task in tasks}
+        items = {task: [i.item_id for i in self.catalog.items(task)]
+                 for task in self.catalog.names}
         names = {spec: cls.name
                  for spec, cls in preflight.strategy_classes(self.settings.strategies).items()}
         cells = build_cells(

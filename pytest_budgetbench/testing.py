@@ -7,6 +7,10 @@ Call :func:`check_strategy` from your own test suite::
     def test_my_strategy_conforms():
         check_strategy(MyStrategy)
 
+A plain strategy (a function ``(messages, budget) -> messages``, an object with
+``__call__``, or such a class) is checked as the runner wraps it: ``check_strategy(keep_last)``.
+A factory that takes no argument, e.g. ``lambda: MyStrategy(top_k=3)``, works too.
+
 A strategy conforms when, for generated histories and budgets, it
 
 1. fits the budget whenever system plus query fit (reference strategies are exempt);
@@ -35,6 +39,7 @@ from hypothesis import strategies as st
 from pytest_budgetbench.budget import ApproxCounter, BudgetCheck, TokenCounter, enforce
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
+from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
 
 
 class EchoAuxModel:
@@ -139,22 +144,41 @@ def check_output(
         cursor = messages.index(message, cursor) + 1
 
 
+def strategy_factory(target: Any) -> Callable[[], Strategy]:
+    """What makes the strategy ``target`` names: a Strategy class, a plain strategy (wrapped
+    as the runner wraps it), or a factory of either."""
+    if isinstance(target, type) and issubclass(target, Strategy):
+        return target
+    name = str(getattr(target, "__name__", type(target).__name__))
+    plain = plain_strategy_class(name, target)
+    if plain is not None:
+        return plain
+
+    def make() -> Strategy:
+        made = target()
+        return made if isinstance(made, Strategy) else wrap_instance(made, name)
+
+    return make
+
+
 def check_strategy(
-    factory: Callable[[], Strategy],
+    factory: Callable[..., Any],
     *,
     tokens: TokenCounter | None = None,
     context_factory: Callable[[TokenCounter, int], StrategyContext] = default_context,
     max_examples: int = 60,
 ) -> None:
-    """Run the conformance properties on ``factory()`` with generated inputs."""
+    """Run the conformance properties with generated inputs on the strategy ``factory``
+    names: a Strategy class, a plain callable strategy, or a factory of either."""
     counter = tokens or ApproxCounter()
+    make = strategy_factory(factory)
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(messages=histories(), slack=st.one_of(st.integers(0, 8), st.integers(0, 3000)))
     def run(messages: list[Message], slack: int) -> None:
         budget = floor_tokens(counter, messages) + slack
-        _check_one(factory, messages, budget, counter, context_factory)
+        _check_one(make, messages, budget, counter, context_factory)
 
     run()
 
@@ -185,4 +209,5 @@ __all__: list[Any] = [
     "default_context",
     "floor_tokens",
     "histories",
+    "strategy_factory",
 ]

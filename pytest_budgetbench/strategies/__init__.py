@@ -12,6 +12,7 @@ from pytest_budgetbench.strategies.base import (
     Strategy,
     StrategyContext,
 )
+from pytest_budgetbench.strategies.plain import plain_strategy_class
 
 __all__ = [
     "REGISTRY",
@@ -44,6 +45,9 @@ REGISTRY: Registry[Strategy] = Registry(
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
+    # A function (messages, budget) -> messages, or an object with __call__, is one too.
+    adapt=plain_strategy_class,
+    accepts="a callable (messages, budget) -> messages",
 )
 
 

@@ -281,3 +281,72 @@ def needle_haystack(folder: Path) -> Path:
     for name in ("b_essay.txt", "a_essay.txt"):
         (folder / name).write_text(filler(name, 20), encoding="utf-8")
     return folder
+
+
+# -- jsonl: a team's own support chats (invented) ---------------------------------------------
+SUPPORT_SYSTEM = "You are Acme's support assistant. Answer from the conversation."
+SUPPORT_DEVICES = ("router", "laptop", "printer", "phone", "tablet", "camera")
+SUPPORT_LABELS = ("Falcon", "Juniper", "Nimbus", "Orchid", "Pebble", "Quartz", "Rocket", "Sable")
+SUPPORT_CATEGORIES = ("hardware", "account", "billing")
+SUPPORT_STEPS = (
+    "Unplug it for thirty seconds, then plug it back in.",
+    "Check that the firmware is the latest version in the settings page.",
+    "Move it away from the microwave and other sources of interference.",
+    "Reset the network settings and sign in again.",
+    "Look at the status light: steady green means the connection is up.",
+)
+
+
+def _support_chat(index: int, turns: int) -> tuple[list[dict[str, Any]], str, str]:
+    """A support conversation that names the user's device early, its question, answer."""
+    device = SUPPORT_DEVICES[index % len(SUPPORT_DEVICES)]
+    label = f"{SUPPORT_LABELS[(index * 7) % len(SUPPORT_LABELS)]}{index}"
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": f"Hi, my {device} is called {label} and it keeps "
+                                    "dropping the connection."},
+        {"role": "assistant", "content": "Sorry to hear that. Let us go through a few checks."},
+    ]
+    for turn in range(turns):
+        step = SUPPORT_STEPS[(index + turn) % len(SUPPORT_STEPS)]
+        tried = f"I tried that, it still drops. {filler(device, 3)}"
+        history += [{"role": "user", "content": tried},
+                    {"role": "assistant", "content": f"Next: {step} {filler('the checks', 2)}"}]
+    return history, f"What is my {device} called? Reply with just the name.", label
+
+
+def support_chat_records(count: int = 200, turns: int = 6) -> list[dict[str, Any]]:
+    """``count`` records for the ``jsonl`` task: most in the ``messages`` form, every
+    third as ``history`` + ``question``; categories cycle over three."""
+    rows = []
+    for index in range(count):
+        history, question, label = _support_chat(index, turns)
+        row: dict[str, Any] = {"id": f"chat-{index:04d}"}
+        if index % 3 == 2:
+            row.update(history=history, question=question)
+        else:
+            row["messages"] = [{"role": "system", "content": SUPPORT_SYSTEM}, *history,
+                               {"role": "user", "content": question}]
+        row.update(answer=label, category=SUPPORT_CATEGORIES[index % len(SUPPORT_CATEGORIES)])
+        rows.append(row)
+    return rows
+
+
+def openai_chat_export(count: int = 4, turns: int = 3) -> tuple[list[dict[str, Any]],
+                                                                 list[dict[str, Any]]]:
+    """An OpenAI-style transcript export (chats with ``messages``, a tool call among them)
+    and a questions file about it, for ``budgetbench import-chats``."""
+    chats: list[dict[str, Any]] = []
+    questions: list[dict[str, Any]] = []
+    for index in range(count):
+        history, question, label = _support_chat(index, turns)
+        call = {"id": f"call_{index}", "type": "function",
+                "function": {"name": "lookup_ticket", "arguments": json.dumps({"n": index})}}
+        history[2:2] = [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{index}", "content": f"ticket {index}: open"},
+        ]
+        chats.append({"id": f"conv-{index}", "title": f"Support chat {index}",
+                      "messages": [{"role": "system", "content": SUPPORT_SYSTEM}, *history]})
+        questions.append({"chat_id": f"conv-{index}", "question": question, "answer": label,
+                          "category": SUPPORT_CATEGORIES[index % len(SUPPORT_CATEGORIES)]})
+    return chats, questions

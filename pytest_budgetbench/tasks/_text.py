@@ -165,6 +165,35 @@ def says_unanswerable(reply: str | None) -> bool:
     return any(f" {phrase} " in said for phrase in ABSTAIN_PHRASES)
 
 
+# -- choice letters and numbers ---------------------------------------------------------
+_LETTER_IN_PARENS = re.compile(r"\(([A-Z])\)")
+_LETTER_STATED = re.compile(r"\banswer\s*(?:is|:)\s*\(?([A-Z])\b(?![a-z])", re.IGNORECASE)
+_LETTER_LEADING = re.compile(r"^\s*([A-Z])\s*(?:[).:\]]|$)", re.MULTILINE)
+
+
+def choice_letter(reply: str | None) -> str | None:
+    """The option letter a reply picks: "(B)", "The answer is B", or a line that opens
+    with "B", "B)", "B." or "B:"; None when it states none, or several different ones (a
+    hedge). A leading word such as "A dog" is not a letter."""
+    text = clean_reply(reply)
+    for pattern in (_LETTER_IN_PARENS, _LETTER_STATED, _LETTER_LEADING):
+        stated = {letter.upper() for letter in pattern.findall(text)}
+        if len(stated) == 1:
+            return stated.pop()
+        if stated:
+            return None
+    return None
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
+
+
+def first_number(text: str | None) -> float | None:
+    """The first number written in ``text`` in digits ("1,200.5", "-3", ".5"), or None."""
+    match = _NUMBER.search(text or "")
+    return float(match.group().replace(",", "")) if match else None
+
+
 # -- chunking ---------------------------------------------------------------------------
 _BREAKS: tuple[str, ...] = ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ")
 

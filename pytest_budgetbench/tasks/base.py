@@ -75,6 +75,9 @@ class Task(ABC):
     data: ClassVar[DataFile | None] = None
     """The official file the task reads (``--budgetbench-data-<task>=PATH``), or None; the
     plugin builds the flag, its ini twin and ``BUDGETBENCH_DATA_<TASK>`` from it."""
+    default_data_path: ClassVar[str | None] = None
+    """The data path when no flag gives one (a named instance's ``path=``), relative to the
+    directory pytest runs in."""
     declared_options: ClassVar[tuple[Option, ...]] = (CHUNK_TOKENS,)
     """What the task reads besides its data, as ``--budgetbench-task-options=KEY=VALUE``
     (or an option's own flag). Extend, don't replace: ``(*Task.declared_options, Option(...))``."""

@@ -1,0 +1,315 @@
+"""``jsonl`` and ``csv``: a team's own chats as a task, declared, not coded.
+
+One record per line (a JSONL object, or a CSV row) holds an OpenAI chat history and the
+gold answer(s)::
+
+    {"id": "c1", "messages": [{"role": "user", "content": "My order is #4411."},
+                              {"role": "assistant", "content": "Noted."},
+                              {"role": "user", "content": "What is my order number?"}],
+     "answer": "4411", "category": "orders"}
+
+``messages`` ends with the user's question; or give ``history`` (the messages before it)
+and ``question`` (its text). ``answer`` is a string, a number or a list of them (any one
+is right); ``category``, ``id`` and ``rubric`` (for ``grader=judge``) are optional. In a
+CSV, ``messages`` and ``history`` cells hold the JSON list, and an ``answer`` cell that is
+a JSON list holds several answers. Every field name is an option (``answer_field=expected``),
+and so is the grader (:mod:`pytest_budgetbench.tasks.graders`).
+
+The whole file is checked when it loads, before any cell runs: a bad record is one line
+naming the file, the line and the field (a missing field, a wrong type, an empty history,
+a message with an unknown role).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.messages import ROLES, Message, text_of
+from pytest_budgetbench.options import DataFile, Option
+from pytest_budgetbench.tasks._data import cell_suffix, flag, one_line, resolve_file
+from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
+from pytest_budgetbench.tasks.graders import (
+    AnswerGrader,
+    Tolerance,
+    gold_problem,
+    parse_grader,
+    parse_tolerance,
+)
+
+DEFAULT_CATEGORY = "all"
+
+
+def _field(key: str, default: str) -> Option:
+    return Option(f"{key}_field", f"record field that holds the {key.replace('_', ' ')} "
+                  f"(jsonl, csv)", _field_name, default)
+
+
+def _field_name(raw: str) -> str:
+    if not raw:
+        raise ValueError("must name a field")
+    return raw
+
+
+OPTIONS = (
+    Option("grader", "how replies are graded: exact | contains | f1 | regex | choice | numeric "
+           "| judge | module:attr (jsonl, csv)", parse_grader, "contains"),
+    Option("tolerance", "grader=numeric: how far from the gold a number may be, e.g. 0.5 or "
+           "2% (jsonl, csv)", parse_tolerance, Tolerance(0.0)),
+    Option("system_prompt", "a system message for records that start without one (jsonl, "
+           "csv)", str, ""),
+    _field("messages", "messages"),
+    _field("history", "history"),
+    _field("question", "question"),
+    _field("answer", "answer"),
+    _field("category", "category"),
+    _field("id", "id"),
+    _field("rubric", "rubric"),
+)
+
+
+class RecordError(ValueError):
+    """One record's problem; the task adds the file and line."""
+
+
+class JsonlTask(Task):
+    """Chats from a JSON-lines file, one record per line."""
+
+    name = "jsonl"
+    grader_version = "jsonl-contains/1"
+    """The default grader's id; :attr:`grader_id` names the chosen one."""
+    data = DataFile("a .jsonl file of chats, one record per line")
+    declared_options = (*Task.declared_options, *OPTIONS)
+    file_kind: ClassVar[str] = "JSON-lines"
+
+    def __init__(self, options: TaskOptions) -> None:
+        super().__init__(options)
+        grader = str(self.option("grader"))
+        if grader == "judge" and options.judge is None:
+            raise ConfigError(
+                f"task '{self.name}' grades with an LLM judge (grader=judge): pass "
+                "--budgetbench-judge-endpoint=URL --budgetbench-judge-model=ID")
+        self.grader = AnswerGrader(grader, self.option("tolerance"), options.judge)
+
+    @property
+    def grader_id(self) -> str:
+        return self.grader.grader_id
+
+    # -- loading ---------------------------------------------------------------------------
+    def load(self) -> list[Item]:
+        path = resolve_file(self.name, self._path(), (self.data.what,) if self.data else ())
+        items: list[Item] = []
+        seen: dict[str, int] = {}
+        for line, record in self._records(path):
+            try:
+                item = self._item(line, record)
+            except RecordError as exc:
+                raise self._bad(path, line, str(exc)) from None
+            if item.item_id in seen:
+                raise self._bad(path, line, f"id {item.item_id!r} is also line "
+                                f"{seen[item.item_id]}'s; ids must be unique")
+            seen[item.item_id] = line
+            items.append(item)
+        if not items:
+            raise DataError(f"task '{self.name}' cannot read {path}: the file holds no "
+                            f"record; point {flag(self.name)} at a {self.file_kind} file")
+        return items
+
+    def _path(self) -> Path | None:
+        return self.options.data_path
+
+    def _bad(self, path: Path, line: int, problem: str) -> DataError:
+        return DataError(f"task '{self.name}': {path} line {line}: {one_line(problem, 240)}")
+
+    def _records(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+        for number, text in enumerate(_read(self.name, path).splitlines(), 1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise self._bad(path, number, f"not valid JSON ({exc.msg} at column "
+                                f"{exc.colno})") from None
+            if not isinstance(record, dict):
+                raise self._bad(path, number, f"a record must be a JSON object (got "
+                                f"{type(record).__name__})")
+            yield number, record
+
+    def _item(self, line: int, record: dict[str, Any]) -> Item:
+        fields = {key: str(self.option(f"{key}_field")) for key in
+                  ("messages", "history", "question", "answer", "category", "id", "rubric")}
+        messages, question = self._messages(record, fields)
+        rubric = self._optional_text(record, fields["rubric"])
+        golds = self._golds(record, fields["answer"], rubric)
+        item_id = self._optional_text(record, fields["id"]) or f"{line:04d}"
+        category = self._optional_text(record, fields["category"]) or DEFAULT_CATEGORY
+        return Item(item_id=item_id, messages=tuple(messages), answer=golds,
+                    category=category,
+                    meta={"line": line, "question": question, "rubric": rubric})
+
+    def _messages(self, record: dict[str, Any], fields: dict[str, str]) -> tuple[
+            list[Message], str]:
+        if fields["messages"] in record:
+            messages = self._message_list(record, fields["messages"])
+            last = messages[-1]
+            if last["role"] != "user":
+                raise RecordError(
+                    f"field '{fields['messages']}' must end with the user's question (its "
+                    f"last message has role '{last['role']}'); or give "
+                    f"'{fields['history']}' and '{fields['question']}'")
+            question = text_of(last)
+        elif fields["history"] in record or fields["question"] in record:
+            for key in ("history", "question"):
+                if fields[key] not in record:
+                    raise RecordError(f"field '{fields[key]}' is missing (the record has "
+                                      f"'{fields['history' if key == 'question' else 'question']}'"
+                                      f"; fields: {', '.join(record)})")
+            messages = self._message_list(record, fields["history"])
+            question = record[fields["question"]]
+            if not isinstance(question, str) or not question.strip():
+                raise RecordError(f"field '{fields['question']}' must be a non-empty string "
+                                  f"(got {_described(question)})")
+            messages.append({"role": "user", "content": question})
+        else:
+            raise RecordError(
+                f"the record has neither '{fields['messages']}' nor '{fields['history']}' + "
+                f"'{fields['question']}' (fields: {', '.join(record) or 'none'}); map yours "
+                "with messages_field=, or history_field= and question_field=")
+        if not any(m["role"] not in ("system", "developer") for m in messages[:-1]):
+            raise RecordError("the history before the question is empty: a record needs the "
+                              "conversation the question is about")
+        prompt = str(self.option("system_prompt"))
+        if prompt and messages[0]["role"] not in ("system", "developer"):
+            messages.insert(0, {"role": "system", "content": prompt})
+        return messages, question
+
+    def _message_list(self, record: dict[str, Any], key: str) -> list[Message]:
+        value = self._json_cell(record[key], key)
+        if not isinstance(value, list):
+            raise RecordError(f"field '{key}' must be a list of chat messages (got "
+                              f"{_described(value)})")
+        if not value:
+            raise RecordError(f"field '{key}' is empty: a record needs the conversation "
+                              "the question is about")
+        return [_message(message, f"{key}[{index}]") for index, message in enumerate(value)]
+
+    def _json_cell(self, value: Any, key: str) -> Any:
+        """A record's value as it is (JSON); :class:`CsvTask` parses its cells."""
+        return value
+
+    def _golds(self, record: dict[str, Any], key: str, rubric: str) -> tuple[str, ...]:
+        grader = str(self.option("grader"))
+        if key not in record:
+            if grader == "judge" and rubric:
+                return ()
+            raise RecordError(f"field '{key}' is missing (fields: {', '.join(record)}); map "
+                              "yours with answer_field=")
+        value = self._answer_cell(record[key])
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise RecordError(f"field '{key}' is an empty list: give at least one answer")
+        golds = []
+        for gold in values:
+            if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
+                raise RecordError(f"field '{key}' must be a string, a number or a list of "
+                                  f"them (got {_described(gold)})")
+            problem = gold_problem(grader, str(gold))
+            if problem is not None:
+                raise RecordError(f"field '{key}' {problem}")
+            golds.append(str(gold))
+        return tuple(golds)
+
+    def _answer_cell(self, value: Any) -> Any:
+        return value
+
+    @staticmethod
+    def _optional_text(record: dict[str, Any], key: str) -> str:
+        value = record.get(key)
+        if value is None or value == "":
+            return ""
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise RecordError(f"field '{key}' must be a string or a number (got "
+                              f"{_described(value)})")
+        return str(value)
+
+    # -- grading ---------------------------------------------------------------------------
+    def grade(self, item: Item, prediction: str) -> Grade:
+        return self.grader.grade(item, prediction)
+
+    def export(self, item: Item, prediction: str, cell_id: str) -> tuple[str, dict[str, Any]]:
+        """``<task>_predictions.<strategy>-<budget>.jsonl``: id, prediction, gold answers."""
+        return (f"{self.name}_predictions.{cell_suffix(cell_id)}.jsonl",
+                {"id": item.item_id, "prediction": prediction or "",
+                 "answer": list(item.answer), "category": item.category})
+
+
+class CsvTask(JsonlTask):
+    """The same records as CSV rows with a header; JSON lists in the message columns."""
+
+    name = "csv"
+    grader_version = "jsonl-contains/1"
+    data = DataFile("a .csv file of chats with a header row")
+    file_kind = "CSV"
+
+    def _records(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+        reader = csv.DictReader(_read(self.name, path).splitlines(keepends=True))
+        for row in reader:
+            record = {key: value for key, value in row.items()
+                      if key is not None and value not in (None, "")}
+            if record:
+                yield reader.line_num, record
+
+    def _json_cell(self, value: Any, key: str) -> Any:
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"column '{key}' must hold a JSON list of chat messages "
+                              f"({exc.msg} at column {exc.colno})") from None
+
+    def _answer_cell(self, value: Any) -> Any:
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                return value
+        return value
+
+
+def _read(task: str, path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"task '{task}' cannot read {path}: {one_line(exc)}; pass "
+                        f"{flag(task)}") from None
+
+
+def _message(value: Any, where: str) -> Message:
+    if not isinstance(value, dict):
+        raise RecordError(f"{where} must be an object with 'role' and 'content' (got "
+                          f"{_described(value)})")
+    if "role" not in value:
+        raise RecordError(f"{where} has no 'role'")
+    role = value["role"]
+    if role not in ROLES:
+        raise RecordError(f"{where} has unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
+    content = value.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(part, dict) and isinstance(part.get("type"), str)
+                   for part in content):
+            raise RecordError(f"{where}.content must be a string or a list of "
+                              "{'type': ...} content parts")
+    elif not isinstance(content, str):
+        raise RecordError(f"{where}.content must be a string or a list of content parts "
+                          f"(got {_described(content)})")
+    return dict(value)
+
+
+def _described(value: Any) -> str:
+    if value is None:
+        return "null"
+    return f"{json.dumps(value, ensure_ascii=False, default=str)[:40]} that is a " \
+           f"{type(value).__name__}"
