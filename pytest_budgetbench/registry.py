@@ -18,6 +18,16 @@ from pytest_budgetbench.errors import ConfigError
 T = TypeVar("T")
 
 
+
+def import_object(target: str) -> object:
+    """The object ``module:attr`` (or ``module:attr.sub``) names; ImportError or
+    AttributeError when it does not exist."""
+    module_name, _, attr = target.partition(":")
+    found: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        found = getattr(found, part)
+    return found
+
 class Registry(Generic[T]):
     def __init__(
         self,
@@ -82,14 +92,10 @@ class Registry(Generic[T]):
         return self._check(spec, self._import(target))
 
     def _import(self, target: str) -> object:
-        module_name, _, attr = target.partition(":")
         try:
-            obj: object = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            return import_object(target)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"cannot import {self.kind} '{target}': {exc}") from exc
-        return obj
 
     def _pattern(self, spec: str) -> object | None:
         """What a pattern's factory makes of ``spec``, or None when no prefix matches."""

@@ -22,13 +22,13 @@ judge's model), or ``<module:attr>/<grader_version>`` for a callable that sets o
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.registry import import_object
 from pytest_budgetbench.tasks._text import (
     choice_letter,
     clean_reply,
@@ -143,11 +143,8 @@ def parse_grader(raw: str) -> str:
 
 
 def load_callable(target: str) -> Callable[..., Any]:
-    module_name, _, attr = target.partition(":")
     try:
-        found: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            found = getattr(found, part)
+        found = import_object(target)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"names no callable (cannot import {target}: {exc})") from None
     if not callable(found):
