@@ -27,10 +27,10 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
@@ -73,6 +73,18 @@ def _text_only(messages: Sequence[Message]) -> list[Message]:
 PROMPT_CACHE_SIZE = 4096
 """Whole-prompt counts kept per counter; the oldest goes first."""
 
+COUNTS_PER_SAVE = 512
+"""New counts a counter holds before it writes them to its :class:`CountStore`."""
+
+
+class CountStore(Protocol):
+    """Token counts by (counter space, key), persisted across processes and runs
+    (:class:`pytest_budgetbench.cache.CountDatabase`)."""
+
+    def lookup(self, space: str, key: str) -> int | None: ...
+
+    def save(self, space: str, counts: Mapping[str, int]) -> None: ...
+
 
 def message_key(message: Message) -> str:
     """A stable content key for one message, used by caches."""
@@ -108,6 +120,43 @@ class TokenCounter(ABC):
         self._prompt_cache: dict[str, int] = {}
         self._overhead: int | None = None
         self._additivity: Additivity | None = None
+        self._store: CountStore | None = None
+        self._unsaved: dict[str, int] = {}
+
+    @property
+    def count_space(self) -> str | None:
+        """Where this counter's counts live in a persistent :class:`CountStore` (a digest
+        of everything they depend on), or None when they are not worth keeping."""
+        return None
+
+    def keep_counts_in(self, store: CountStore) -> None:
+        """Read counts this counter has not made from ``store`` and add the ones it makes
+        (in batches, and at :meth:`save_counts`), so a second sweep over the same data
+        tokenizes nothing. Does nothing for a counter without a :attr:`count_space`."""
+        if self.count_space is not None:
+            self._store = store
+
+    def save_counts(self) -> None:
+        """Write the counts made since the last save to the store, in one transaction."""
+        if self._store is None or not self._unsaved:
+            return
+        unsaved, self._unsaved = self._unsaved, {}
+        assert self.count_space is not None
+        self._store.save(self.count_space, unsaved)
+
+    def _remembered(self, key: str, count: Callable[[], int]) -> int:
+        """The count stored under ``key``, else ``count()``, queued for the store."""
+        if self._store is None:
+            return count()
+        space = self.count_space
+        assert space is not None
+        found = self._store.lookup(space, key)
+        if found is not None:
+            return found
+        made = self._unsaved[key] = count()
+        if len(self._unsaved) >= COUNTS_PER_SAVE:
+            self.save_counts()
+        return made
 
     @abstractmethod
     def _count_prompt(self, messages: Sequence[Message]) -> int:
@@ -146,7 +195,9 @@ class TokenCounter(ABC):
     def count_text(self, text: str) -> int:
         cached = self._text_cache.get(text)
         if cached is None:
-            cached = self._text_cache[text] = self._count_text(text)
+            key = "text:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+            cached = self._remembered(key, lambda: self._count_text(text))
+            self._text_cache[text] = cached
         return cached
 
     def count_message(self, message: Message) -> int:
@@ -158,8 +209,10 @@ class TokenCounter(ABC):
         key = message_key(message)
         cached = self._message_cache.get(key)
         if cached is None:
-            with_message = self._count_prompt([_ANCHOR, message])
-            cached = self._message_cache[key] = with_message - self._anchor_tokens()
+            cached = self._remembered(
+                "message:" + key,
+                lambda: self._count_prompt([_ANCHOR, message]) - self._anchor_tokens())
+            self._message_cache[key] = cached
         return cached
 
     def overhead(self) -> int:
@@ -267,6 +320,11 @@ class GGUFCounter(TokenCounter):
         if not template:
             raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
         self._identity = (str(path.resolve()), template)
+        # Persistent counts depend on the file (a GGUF rewritten in place is a new space:
+        # its size or modification time changes) and the template.
+        stat = path.stat()
+        blob = json.dumps([*self._identity, stat.st_size, stat.st_mtime_ns])
+        self._space = "gguf:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
         self._formatter = Jinja2ChatFormatter(
             template=template,
             eos_token=self._token_text(self._llama.token_eos()),
@@ -295,6 +353,10 @@ class GGUFCounter(TokenCounter):
 
     def _counts_like(self) -> Hashable:
         return self._identity
+
+    @property
+    def count_space(self) -> str | None:
+        return self._space
 
 
 class HFCounter(TokenCounter):

@@ -29,7 +29,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -125,6 +125,41 @@ class SharedDatabase:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+
+
+_COUNTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS counts (
+    space TEXT NOT NULL,
+    key TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (space, key)
+) WITHOUT ROWID;
+"""
+
+COUNTS_FILE = "counts.sqlite"
+
+
+class CountDatabase(SharedDatabase):
+    """Token counts by (counter space, content key), beside the response cache: a count
+    is a function of its key, so nothing in it goes stale and xdist workers that write the
+    same count at once each insert or ignore (:class:`~pytest_budgetbench.budget.CountStore`)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, _COUNTS_SCHEMA)
+
+    def lookup(self, space: str, key: str) -> int | None:
+        row = self._db().execute(
+            "SELECT tokens FROM counts WHERE space = ? AND key = ?", (space, key)).fetchone()
+        return None if row is None else int(row[0])
+
+    def save(self, space: str, counts: Mapping[str, int]) -> None:
+        with self._transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO counts VALUES (?, ?, ?)",
+                           ((space, key, tokens) for key, tokens in counts.items()))
+
+    def count(self) -> int:
+        return int(self._db().execute("SELECT COUNT(*) FROM counts").fetchone()[0])
 
 
 class ResponseStore(SharedDatabase):

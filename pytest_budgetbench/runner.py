@@ -279,6 +279,8 @@ class Runner:
             row.status, row.error = "error", str(exc)
             self.store.write_row(row)
             raise
+        finally:
+            self.tokens.save_counts()  # one transaction per cell for the counts it made
 
     def _run(
         self,

@@ -185,17 +185,23 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
 
 
 def embedding_store_path(settings: Settings, run_dir: Path) -> Path:
-    """The persistent embedding cache, ``embeddings.sqlite`` beside the response cache; with
-    --budgetbench-cache=off it is private to the run directory, as the replies are. A vector
-    is a function of its model, backend and text, so sampled runs (no response cache) and
-    refresh runs share the store too: nothing in it goes stale."""
-    from pytest_budgetbench.cache import CACHE_FILE
+    """The persistent embedding cache, ``embeddings.sqlite`` (see :func:`derived_store_path`)."""
     from pytest_budgetbench.embeddings import STORE_FILE
 
+    return derived_store_path(settings, run_dir, STORE_FILE)
+
+
+def derived_store_path(settings: Settings, run_dir: Path, file_name: str) -> Path:
+    """A persistent cache of values derived from content alone (vectors, token counts):
+    ``file_name`` beside the response cache; with --budgetbench-cache=off private to the
+    run directory, as the replies are. Such a value is a function of its key, so sampled
+    runs (no response cache) and refresh runs share the file too: nothing in it goes stale."""
+    from pytest_budgetbench.cache import CACHE_FILE
+
     if settings.cache_mode == "off":
-        return run_dir / STORE_FILE
+        return run_dir / file_name
     responses = Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
-    return responses.with_name(STORE_FILE)
+    return responses.with_name(file_name)
 
 
 def embedder_factory(settings: Settings, store_path: Path | None) -> Callable[[], Embedder]:
@@ -228,6 +234,12 @@ def make_runner(
     counter already loaded for them (else one is made); ``launcher`` starts the embedded
     server on the first reply the response cache does not hold."""
     slots_dir = store.run_dir / ".slots"
+    tokens = tokens or make_counter(settings.tokenizer, endpoint, settings.api_key)
+    if tokens.count_space is not None:  # a slow exact counter: a second sweep reuses counts
+        from pytest_budgetbench.cache import COUNTS_FILE, CountDatabase
+
+        tokens.keep_counts_in(
+            CountDatabase(derived_store_path(settings, store.run_dir, COUNTS_FILE)))
 
     def chat(target: Endpoint, launcher: Launcher | None = None) -> ChatBackend:
         return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir,
@@ -239,7 +251,7 @@ def make_runner(
         endpoint,
         store,
         run_id,
-        tokens=tokens or make_counter(settings.tokenizer, endpoint, settings.api_key),
+        tokens=tokens,
         chat=chat(endpoint, launcher),
         embedder_factory=embedder_factory(settings,
                                           embedding_store_path(settings, store.run_dir)),
