@@ -71,6 +71,7 @@ class CellRow(Mapping[str, Any]):
     aux_input_tokens: int = 0
     aux_output_tokens: int = 0
     aux_s: float = 0.0
+    aux_failures: int = 0  # auxiliary replies the strategy could not use (not JSON, wrong keys)
     strategy_info: dict[str, Any] | None = None
     model: str | None = None
     endpoint: str | None = None

@@ -442,6 +442,7 @@ class Runner:
         row.aux_input_tokens = sum(c.input_tokens for c in calls)
         row.aux_output_tokens = sum(c.output_tokens or 0 for c in calls)
         row.aux_s = round(sum(c.latency_s for c in calls), 4)
+        row.aux_failures = context.aux_failures
         row.strategy_info = context.info or None
 
     def _base_row(self, cell: Cell, item: Item) -> CellRow:

@@ -179,7 +179,8 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
     # When this fails, the on-disk shape changed: bump SCHEMA_VERSION, keep
     # CellRow.from_record reading schema 1, and add the new version's line here.
     schema_1_fields = set(json.loads(SCHEMA_1_LINE))
-    schema_2_fields = schema_1_fields | {"gold"}
+    # aux_failures joined schema 2 unbumped (issue 17): older rows read it as 0.
+    schema_2_fields = schema_1_fields | {"gold", "aux_failures"}
     assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (2, schema_2_fields)
 
 
@@ -244,7 +245,7 @@ def test_a_schema_1_row_file_reads_back_as_cell_rows(tmp_path: Path) -> None:
     assert row.aux_calls[0]["purpose"] == "embed" and row.aux_input_tokens == 12
     assert row.strategy_info == {"chunks": 7} and row.time == 1735689600.125
     # Nothing of a schema-1 row is lost or renamed; schema 2's gold reads as unknown.
-    assert row.record() == {**record, "gold": None}
+    assert row.record() == {**record, "gold": None, "aux_failures": 0}
 
 
 def test_an_older_row_without_optional_fields_takes_the_defaults() -> None:

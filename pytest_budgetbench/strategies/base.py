@@ -75,6 +75,9 @@ class StrategyContext:
     info: dict[str, Any] = field(default_factory=dict)
     """What the strategy wants on the cell's row (JSON-serialisable), as ``strategy_info``:
     e.g. the tiers it chose and its modules' compute seconds."""
+    aux_failures: int = 0
+    """Auxiliary replies the strategy could not use (not JSON, wrong keys), counted by the
+    strategy as it goes on without them; the row records it as ``aux_failures``."""
     _embedder: Embedder | None = field(default=None, repr=False)
 
     @property
