@@ -38,6 +38,7 @@ REGISTRY: Registry[Strategy] = Registry(
         "summary_buffer": "pytest_budgetbench.strategies.summary_buffer:SummaryBuffer",
         "checkpoint_context": "pytest_budgetbench.strategies.checkpoint_context:CheckpointContext",
         "compression": "pytest_budgetbench.strategies.compression:Compression",
+        "memgpt": "pytest_budgetbench.strategies.memgpt:MemGPT",
         "budgetmem_low": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemLow",
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
