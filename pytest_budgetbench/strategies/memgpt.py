@@ -65,17 +65,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_budgetbench.messages import Message, split_ends, text_of
+from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
-from pytest_budgetbench.strategies._packing import (
-    Packer,
-    history_room,
-    prompt_fits,
-    query_text,
-)
+from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies._scoring import bm25
-from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime, Strategy
+from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE
 
@@ -298,21 +293,16 @@ def memory_message(text: str) -> Message:
     return {"role": "system", "content": MEMORY_HEADER + text}
 
 
-class MemGPT(Strategy):
+class MemGPT(HistoryStrategy):
     """Core memory, recursive summary, archival and recall storage, FIFO tail; see above."""
 
     name = "memgpt"
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.PERSISTENT_STATEFUL})
     declared_options = (MEMGPT_WINDOW,)
 
-    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+    def fit(self, head: list[Message], history: list[Message], query: list[Message],
+            room: int, budget: int) -> list[Message]:
         tokens = self.context.tokens
-        if prompt_fits(tokens, messages, budget):
-            return [dict(m) for m in messages]
-        head, history, query = split_ends(messages)
-        room = history_room(tokens, head, query, budget)
-        if room <= 0:
-            return [dict(m) for m in head + query]
         window = min(budget, int(self.context.options.get("memgpt_window", MEMGPT_WINDOW.default)))
         memory, reused = self.memory(head, history, window)
         cost = Cost()
