@@ -179,25 +179,26 @@ def _parse(data: bytes) -> list[dict[str, Any]]:
 
 
 def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
-    rows = []
-    for line in lines:
+    return [row for row in (_load_line(None, line) for line in lines) if isinstance(row, dict)]
+
+
+def _load_line(fast: Callable[[bytes], Any] | None, line: bytes) -> Any:
+    if fast is not None:
         try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def _load_line(fast: Callable[[bytes], Any], line: bytes) -> Any:
+            return fast(line)
+        except ValueError:  # orjson.JSONDecodeError is one
+            pass
     try:
-        return fast(line)
-    except ValueError:  # orjson.JSONDecodeError is one
-        try:
-            return json.loads(line)
-        except ValueError:
-            return None
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One cells.jsonl line as a row, parsed as :func:`row_blocks` parses it; None for a
+    line that is not a JSON object (a torn write)."""
+    row = _load_line(fast_loads(), line)
+    return row if isinstance(row, dict) else None
 
 
 @cache

@@ -31,7 +31,7 @@ from typing import Any
 
 from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.records import PROMPTS_FILE
-from pytest_budgetbench.reports.load import cells_path, fast_loads
+from pytest_budgetbench.reports.load import cells_path, parse_line
 
 MAX_ROWS = 25_000
 """Rows embedded in one page (a 25-cell sweep of 1,000 items); beyond, items are left out
@@ -158,7 +158,7 @@ def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
                 if ids is not None and ids[1] not in picked.item_ids:
                     picked.left_out.add(ids)
                     continue
-            row = _parse_line(line)
+            row = parse_line(line)
             if row is not None:
                 yield row
 
@@ -177,17 +177,6 @@ def _line_ids(line: bytes, known: dict[tuple[bytes, bytes], tuple[str, str] | No
         except ValueError:
             known[raw] = None
     return known[raw]
-
-
-def _parse_line(line: bytes) -> dict[str, Any] | None:
-    fast = fast_loads()
-    for loads in (fast, json.loads) if fast is not None else (json.loads,):
-        try:
-            row = loads(line)
-        except ValueError:  # a torn write; or NaN, which json reads and orjson does not
-            continue
-        return row if isinstance(row, dict) else None
-    return None
 
 
 def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
