@@ -144,12 +144,14 @@ class TokenCounter(ABC):
         assert self.count_space is not None
         self._store.save(self.count_space, unsaved)
 
-    def _remembered(self, key: str, count: Callable[[], int]) -> int:
-        """The count stored under ``key``, else ``count()``, queued for the store."""
+    def _remembered(self, key_of: Callable[[], str], count: Callable[[], int]) -> int:
+        """The count stored under ``key_of()``, else ``count()``, queued for the store;
+        without a store just ``count()`` (no key is made)."""
         if self._store is None:
             return count()
         space = self.count_space
         assert space is not None
+        key = key_of()
         found = self._store.lookup(space, key)
         if found is not None:
             return found
@@ -195,8 +197,9 @@ class TokenCounter(ABC):
     def count_text(self, text: str) -> int:
         cached = self._text_cache.get(text)
         if cached is None:
-            key = "text:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-            cached = self._remembered(key, lambda: self._count_text(text))
+            cached = self._remembered(
+                lambda: "text:" + hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                lambda: self._count_text(text))
             self._text_cache[text] = cached
         return cached
 
@@ -210,7 +213,7 @@ class TokenCounter(ABC):
         cached = self._message_cache.get(key)
         if cached is None:
             cached = self._remembered(
-                "message:" + key,
+                lambda: "message:" + key,
                 lambda: self._count_prompt([_ANCHOR, message]) - self._anchor_tokens())
             self._message_cache[key] = cached
         return cached
