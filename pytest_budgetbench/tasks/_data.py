@@ -10,7 +10,7 @@ option that points at the right file, e.g.::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +58,34 @@ def read_json(task: str, path: Path, wanted: str | None = None) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise malformed(task, path, f"cannot read it ({exc})", wanted) from exc
     if path.suffix == ".jsonl":
-        return [_json_line(task, path, number, line, wanted)
-                for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+        try:
+            return [value for _number, value in json_lines(text)]
+        except JsonLineError as exc:
+            raise malformed(task, path, f"line {exc.number} is {exc.problem}", wanted) from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise malformed(task, path, f"invalid JSON ({exc})", wanted) from exc
 
 
-def _json_line(task: str, path: Path, number: int, line: str, wanted: str | None) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise malformed(task, path, f"line {number} is not valid JSON ({exc.msg} at column "
-                        f"{exc.colno})", wanted) from exc
+class JsonLineError(ValueError):
+    """Line ``number`` of a JSON-lines text is not JSON; ``problem`` says how."""
+
+    def __init__(self, number: int, error: json.JSONDecodeError) -> None:
+        self.number = number
+        self.problem = f"not valid JSON ({error.msg} at column {error.colno})"
+        super().__init__(f"line {number}: {self.problem}")
+
+
+def json_lines(text: str) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON-lines text; a line that is
+    not JSON raises :class:`JsonLineError`, for the caller to name its file."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise JsonLineError(number, exc) from exc
 
 
 def records(task: str, path: Path, data: Any, wanted: str | None = None) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.messages import ROLES, Message, text_of
-from pytest_budgetbench.tasks._data import one_line
+from pytest_budgetbench.tasks._data import JsonLineError, json_lines, one_line
 from pytest_budgetbench.tasks.base import TaskOptions
 
 QUESTION_FIELDS = ("chat_id", "question", "answer")
@@ -78,8 +78,10 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
     except json.JSONDecodeError:
         data = None
     if data is None:
-        entries = [(f"line {number}", _json_line(path, number, line))
-                   for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+        try:
+            entries = [(f"line {number}", entry) for number, entry in json_lines(text)]
+        except JsonLineError as exc:
+            raise DataError(f"import-chats: {path} line {exc.number}: {exc.problem}") from None
     else:
         if isinstance(data, dict) and key and isinstance(data.get(key), list):
             data = data[key]
@@ -92,14 +94,6 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
             raise DataError(f"import-chats: {path} {where} is a {type(entry).__name__}, "
                             "not an object")
     return entries
-
-
-def _json_line(path: Path, number: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"import-chats: {path} line {number}: not valid JSON ({exc.msg} at "
-                        f"column {exc.colno})") from None
 
 
 def _chats(path: Path) -> list[tuple[str, list[Message]]]:

@@ -31,7 +31,14 @@ from typing import Any, ClassVar
 from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.messages import ROLES, Message, text_of
 from pytest_budgetbench.options import DataFile, Option
-from pytest_budgetbench.tasks._data import cell_suffix, flag, one_line, resolve_file
+from pytest_budgetbench.tasks._data import (
+    JsonLineError,
+    cell_suffix,
+    flag,
+    json_lines,
+    one_line,
+    resolve_file,
+)
 from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
 from pytest_budgetbench.tasks.graders import (
     AnswerGrader,
@@ -126,18 +133,14 @@ class JsonlTask(Task):
         return DataError(f"task '{self.name}': {path} line {line}: {one_line(problem, 240)}")
 
     def _records(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-        for number, text in enumerate(_read(self.name, path).splitlines(), 1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise self._bad(path, number, f"not valid JSON ({exc.msg} at column "
-                                f"{exc.colno})") from None
-            if not isinstance(record, dict):
-                raise self._bad(path, number, f"a record must be a JSON object (got "
-                                f"{type(record).__name__})")
-            yield number, record
+        try:  # line by line: the first bad line is the one reported, whatever is wrong
+            for number, record in json_lines(_read(self.name, path)):
+                if not isinstance(record, dict):
+                    raise self._bad(path, number, f"a record must be a JSON object (got "
+                                    f"{type(record).__name__})")
+                yield number, record
+        except JsonLineError as exc:
+            raise self._bad(path, exc.number, exc.problem) from None
 
     def _item(self, line: int, record: dict[str, Any]) -> Item:
         fields = {key: str(self.option(f"{key}_field")) for key in
