@@ -257,7 +257,10 @@ def under_xdist(workdir: Path, items: int = 6, rate: float = 0.2) -> FaultTally:
     try:
         fake.inject(rate, ("500", "429", "drop"), seed=3)
         out = prepare(workdir) / "out"
-        command = sweep_command(fake.base_url, out, items, "-n", "2", "--budgetbench-retries=5")
+        # Enough attempts that no request exhausts them (0.2^10 = 1e-7 a request): the
+        # injection's order depends on how the workers interleave, and with 5 attempts
+        # (0.2^5 = 3e-4 a request) a run erred a cell this scenario does not expect.
+        command = sweep_command(fake.base_url, out, items, "-n", "2", "--budgetbench-retries=10")
         started = time.monotonic()
         code = run_sweep(workdir, command)
         return tally("xdist -n 2, faults", len(fake.injected), run_dir_of(out),
