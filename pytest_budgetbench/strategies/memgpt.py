@@ -55,22 +55,27 @@ Where this had to choose beyond the paper:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import Option, positive_int
-from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
+from pytest_budgetbench.strategies._chunking import chunk_history
+from pytest_budgetbench.strategies._memory_system import (
+    BuiltMemories,
+    Cost,
+    ask,
+    clip,
+    construction_window,
+    failed,
+    json_values,
+    render,
+)
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies._scoring import bm25
-from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime
+from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE
 
@@ -86,10 +91,8 @@ PAGE_SIZE = 5
 MAX_SEARCHES = 3
 EDIT_REPLY_TOKENS = 192
 SEARCH_REPLY_TOKENS = 96
-MIN_MATERIAL_TOKENS = 16  # a call with less room than this to read is not worth making
 MIN_MEMORY_TOKENS = 8  # below this the memory message is noise
 RECENT_CHUNK_TOKENS = 64  # granularity of the FIFO tail (its oldest message may be cut)
-MEMORIES_KEPT = 32  # built memories cached in the process
 BLOCKS = ("persona", "human")
 
 MEMGPT_WINDOW = Option(
@@ -141,27 +144,6 @@ Call = tuple[str, dict[str, Any]]
 
 
 # -- parsing replies ---------------------------------------------------------------------
-_FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.DOTALL)
-
-
-def json_values(reply: str) -> Iterator[Any]:
-    """Every JSON object or array in ``reply``: inside code fences first, then anywhere."""
-    decoder = json.JSONDecoder()
-    for text in [*(m.group(1) for m in _FENCE.finditer(reply)), reply]:
-        index = 0
-        while index < len(text):
-            if text[index] in "{[":
-                try:
-                    value, end = decoder.raw_decode(text, index)
-                except ValueError:
-                    index += 1
-                    continue
-                yield value
-                index = end
-            else:
-                index += 1
-
-
 def parse_calls(reply: str) -> tuple[list[Call], bool]:
     """The well-formed function calls of ``reply``, and whether the reply was well formed
     (JSON calls, each naming a known function with its string arguments)."""
@@ -216,20 +198,6 @@ def parse_summary(reply: str) -> str:
 
 # -- the memory ----------------------------------------------------------------------------
 @dataclass
-class Cost:
-    """Auxiliary calls, their counted tokens, wall seconds and failures of one phase."""
-
-    aux_calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    seconds: float = 0.0
-    aux_failures: int = 0
-
-    def info(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 6)}
-
-
-@dataclass
 class Memory:
     """One item's MemGPT memory at window W; read-only once built (it may be shared)."""
 
@@ -251,42 +219,7 @@ class Memory:
         return f"[summary of evicted messages]\n{self.summary}" if self.summary else ""
 
 
-class MemoryCache:
-    """Built memories by the content of their messages and W (never by item id)."""
-
-    def __init__(self, capacity: int = MEMORIES_KEPT) -> None:
-        self.capacity = capacity
-        self._memories: OrderedDict[str, Memory] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def key(head: Sequence[Message], history: Sequence[Message], window: int) -> str:
-        text = json.dumps([list(head), list(history), window], sort_keys=True, default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-    def get(self, key: str) -> Memory | None:
-        with self._lock:
-            memory = self._memories.get(key)
-            if memory is not None:
-                self._memories.move_to_end(key)
-            return memory
-
-    def put(self, key: str, memory: Memory) -> None:
-        with self._lock:
-            self._memories[key] = memory
-            while len(self._memories) > self.capacity:
-                self._memories.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._memories.clear()
-
-
-MEMORIES = MemoryCache()
-
-
-def render(messages: Sequence[Message]) -> str:
-    return "\n".join(f"{m.get('role')}: {text_of(m)}" for m in messages if text_of(m).strip())
+MEMORIES: BuiltMemories[Memory] = BuiltMemories()
 
 
 def memory_message(text: str) -> Message:
@@ -303,7 +236,8 @@ class MemGPT(HistoryStrategy):
     def fit(self, head: list[Message], history: list[Message], query: list[Message],
             room: int, budget: int) -> list[Message]:
         tokens = self.context.tokens
-        window = min(budget, int(self.context.options.get("memgpt_window", MEMGPT_WINDOW.default)))
+        window = construction_window(
+            budget, int(self.context.options.get("memgpt_window", MEMGPT_WINDOW.default)))
         memory, reused = self.memory(head, history, window)
         cost = Cost()
         started = time.perf_counter()
@@ -483,48 +417,14 @@ class MemGPT(HistoryStrategy):
     # -- the auxiliary model -------------------------------------------------------------
     def ask(self, instruction: str, material: str, request: str, limit: int, max_tokens: int,
             purpose: str, cost: Cost) -> str | None:
-        """The reply to ``instruction`` over ``material`` and ``request``, the material cut
-        from its end until the prompt fits ``limit``; None (no call) when nothing fits."""
-        tokens = self.context.tokens
-
-        def prompt(text: str) -> list[Message]:
-            content = "\n\n".join(t for t in (text, request) if t)
-            return [{"role": "system", "content": instruction},
-                    {"role": "user", "content": content}]
-
-        room = limit - tokens.count_messages(prompt(""))
-        if room < MIN_MATERIAL_TOKENS:
-            return None
-        material = self._clip(material, room)
-        counted = tokens.count_messages(prompt(material))
-        while counted > limit and material:
-            # Joined text can cost a token or two more than its parts: cut the excess.
-            material = self._clip(material, tokens.count_text(material) - (counted - limit))
-            counted = tokens.count_messages(prompt(material))
-        if counted > limit or not (material or request):
-            return None
-        reply = self._aux().complete(prompt(material), max_tokens=max_tokens, purpose=purpose)
-        reply = self._clip(reply.strip(), max_tokens)
-        cost.aux_calls += 1
-        cost.input_tokens += counted
-        cost.output_tokens += tokens.count_text(reply) if reply else 0
-        return reply
+        return ask(self.context, self.name, instruction, material, request, limit=limit,
+                   max_tokens=max_tokens, purpose=purpose, cost=cost)
 
     def _failed(self, cost: Cost) -> None:
-        """A reply this cell could not use: on the row and in the phase's cost."""
-        cost.aux_failures += 1
-        self.context.aux_failures += 1
+        failed(self.context, cost)
 
     def _clip(self, text: str, limit: int) -> str:
-        """``text`` cut after a word to ``limit`` tokens."""
-        if limit <= 0:
-            return ""
-        return text[: fit_prefix(self.context.tokens, text, 0, len(text), limit)].strip()
-
-    def _aux(self) -> AuxiliaryModel:
-        if self.context.aux is None:
-            raise RuntimeError("memgpt needs the runner's auxiliary model (context.aux)")
-        return self.context.aux
+        return clip(self.context, text, limit)
 
 
 def _page(raw: Any) -> int:

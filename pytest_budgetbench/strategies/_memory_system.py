@@ -1,0 +1,169 @@
+"""What every memory-system strategy (memgpt, mem0, amem) shares.
+
+- :func:`ask`: one auxiliary call whose prompt is cut to a token limit (the material is
+  clipped from its end), with its counted tokens added to a phase's :class:`Cost`;
+- :func:`json_values`: the JSON objects and arrays in a small model's reply, fenced or not;
+- :func:`failed`: a reply the strategy could not use, counted on the row
+  (``aux_failures``) and in the phase's cost, so degradation is per call, never per run;
+- :class:`BuiltMemories`: memories built for an item, kept in the process by the content
+  of the item's messages and the window they were built at (never by item id, so a memory
+  cannot reach another item) and reused by the item's other budgets;
+- :func:`construction_window`: the window a memory is built at, ``min(budget, cap)``, so
+  no construction call is larger than the budget of any cell that reuses the memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Generic, TypeVar
+
+from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.strategies._chunking import fit_prefix
+from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
+
+MEMORIES_KEPT = 32  # built memories cached in the process, per strategy
+MIN_MATERIAL_TOKENS = 16  # a call with less room than this to read is not worth making
+
+T = TypeVar("T")
+
+
+@dataclass
+class Cost:
+    """Auxiliary calls, their counted tokens, wall seconds and failures of one phase."""
+
+    aux_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+    aux_failures: int = 0
+
+    def info(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 6)}
+
+
+class BuiltMemories(Generic[T]):
+    """Built memories by the content of their messages and window, least recently used
+    dropped first; thread-safe (a strategy instance may serve several cells at once)."""
+
+    def __init__(self, capacity: int = MEMORIES_KEPT) -> None:
+        self.capacity = capacity
+        self._memories: OrderedDict[str, T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(head: Sequence[Message], history: Sequence[Message], window: int,
+            *settings: Any) -> str:
+        """The memory's address: the item's messages, the window and any setting that
+        changes what is built."""
+        text = json.dumps([list(head), list(history), window, list(settings)],
+                          sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def get(self, key: str) -> T | None:
+        with self._lock:
+            memory = self._memories.get(key)
+            if memory is not None:
+                self._memories.move_to_end(key)
+            return memory
+
+    def put(self, key: str, memory: T) -> None:
+        with self._lock:
+            self._memories[key] = memory
+            while len(self._memories) > self.capacity:
+                self._memories.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memories.clear()
+
+
+def construction_window(budget: int, cap: int) -> int:
+    """The window a memory is built at: below ``cap`` it depends on the budget (and is
+    built per budget); every budget at or above ``cap`` shares one memory built at it."""
+    return min(budget, cap)
+
+
+_FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.DOTALL)
+
+
+def json_values(reply: str) -> Iterator[Any]:
+    """Every JSON object or array in ``reply``: inside code fences first, then anywhere."""
+    decoder = json.JSONDecoder()
+    for text in [*(m.group(1) for m in _FENCE.finditer(reply)), reply]:
+        index = 0
+        while index < len(text):
+            if text[index] in "{[":
+                try:
+                    value, end = decoder.raw_decode(text, index)
+                except ValueError:
+                    index += 1
+                    continue
+                yield value
+                index = end
+            else:
+                index += 1
+
+
+def render(messages: Sequence[Message]) -> str:
+    """Messages as ``role: text`` lines, the form memory systems read a conversation in."""
+    return "\n".join(f"{m.get('role')}: {text_of(m)}" for m in messages if text_of(m).strip())
+
+
+def clip(context: StrategyContext, text: str, limit: int) -> str:
+    """``text`` cut after a word to ``limit`` tokens of the run's counter."""
+    if limit <= 0:
+        return ""
+    return text[: fit_prefix(context.tokens, text, 0, len(text), limit)].strip()
+
+
+def failed(context: StrategyContext, cost: Cost) -> None:
+    """A reply this cell could not use: on the row and in the phase's cost."""
+    cost.aux_failures += 1
+    context.aux_failures += 1
+
+
+def auxiliary(context: StrategyContext, strategy: str) -> AuxiliaryModel:
+    """The runner's auxiliary model, or a clear error naming the strategy that needs it."""
+    if context.aux is None:
+        raise RuntimeError(f"{strategy} needs the runner's auxiliary model (context.aux)")
+    return context.aux
+
+
+def ask(context: StrategyContext, strategy: str, instruction: str, material: str,
+        request: str, *, limit: int, max_tokens: int, purpose: str, cost: Cost) -> str | None:
+    """The reply to ``instruction`` over ``material`` and ``request``, the material cut
+    from its end until the prompt fits ``limit`` tokens; None (no call) when nothing fits.
+
+    The call goes through the runner's auxiliary model, so it is also held to the cell's
+    budget, cached and recorded on the row with ``purpose``."""
+    tokens = context.tokens
+
+    def prompt(text: str) -> list[Message]:
+        content = "\n\n".join(t for t in (text, request) if t)
+        return [{"role": "system", "content": instruction},
+                {"role": "user", "content": content}]
+
+    room = limit - tokens.count_messages(prompt(""))
+    if room < MIN_MATERIAL_TOKENS:
+        return None
+    material = clip(context, material, room)
+    counted = tokens.count_messages(prompt(material))
+    while counted > limit and material:
+        # Joined text can cost a token or two more than its parts: cut the excess.
+        material = clip(context, material, tokens.count_text(material) - (counted - limit))
+        counted = tokens.count_messages(prompt(material))
+    if counted > limit or not (material or request):
+        return None
+    reply = auxiliary(context, strategy).complete(prompt(material), max_tokens=max_tokens,
+                                                  purpose=purpose)
+    reply = clip(context, reply.strip(), max_tokens)
+    cost.aux_calls += 1
+    cost.input_tokens += counted
+    cost.output_tokens += tokens.count_text(reply) if reply else 0
+    return reply
