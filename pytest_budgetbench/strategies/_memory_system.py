@@ -19,13 +19,16 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.budget import TokenCounter
 
 MEMORIES_KEPT = 32  # built memories cached in the process, per strategy
 MIN_MATERIAL_TOKENS = 16  # a call with less room than this to read is not worth making
@@ -117,9 +120,7 @@ def render(messages: Sequence[Message]) -> str:
 
 def clip(context: StrategyContext, text: str, limit: int) -> str:
     """``text`` cut after a word to ``limit`` tokens of the run's counter."""
-    if limit <= 0:
-        return ""
-    return text[: fit_prefix(context.tokens, text, 0, len(text), limit)].strip()
+    return cut(context.tokens, text, limit)
 
 
 def failed(context: StrategyContext, cost: Cost) -> None:
@@ -133,6 +134,31 @@ def auxiliary(context: StrategyContext, strategy: str) -> AuxiliaryModel:
     if context.aux is None:
         raise RuntimeError(f"{strategy} needs the runner's auxiliary model (context.aux)")
     return context.aux
+
+
+def fit_material(tokens: TokenCounter, prompt: Callable[[str], list[Message]], material: str,
+                 limit: int) -> tuple[str, int] | None:
+    """The material cut from its end until ``prompt(material)`` counts at most ``limit``
+    tokens, and that count; None when less than ``MIN_MATERIAL_TOKENS`` of material would
+    fit (the call is not worth making). The material may come back empty."""
+    room = limit - tokens.count_messages(prompt(""))
+    if room < MIN_MATERIAL_TOKENS:
+        return None
+    material = cut(tokens, material, room)
+    counted = tokens.count_messages(prompt(material))
+    while counted > limit and material:
+        # Joined text can cost a token or two more than its parts: cut the excess.
+        material = cut(tokens, material, tokens.count_text(material) - (counted - limit))
+        counted = tokens.count_messages(prompt(material))
+    if counted > limit:
+        return None
+    return material, counted
+
+
+def cut(tokens: TokenCounter, text: str, limit: int) -> str:
+    if limit <= 0:
+        return ""
+    return text[: fit_prefix(tokens, text, 0, len(text), limit)].strip()
 
 
 def ask(context: StrategyContext, strategy: str, instruction: str, material: str,
@@ -149,17 +175,10 @@ def ask(context: StrategyContext, strategy: str, instruction: str, material: str
         return [{"role": "system", "content": instruction},
                 {"role": "user", "content": content}]
 
-    room = limit - tokens.count_messages(prompt(""))
-    if room < MIN_MATERIAL_TOKENS:
+    fitted = fit_material(tokens, prompt, material, limit)
+    if fitted is None or not (fitted[0] or request):
         return None
-    material = clip(context, material, room)
-    counted = tokens.count_messages(prompt(material))
-    while counted > limit and material:
-        # Joined text can cost a token or two more than its parts: cut the excess.
-        material = clip(context, material, tokens.count_text(material) - (counted - limit))
-        counted = tokens.count_messages(prompt(material))
-    if counted > limit or not (material or request):
-        return None
+    material, counted = fitted
     reply = auxiliary(context, strategy).complete(prompt(material), max_tokens=max_tokens,
                                                   purpose=purpose)
     reply = clip(context, reply.strip(), max_tokens)

@@ -27,7 +27,8 @@ from typing import Any
 
 from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
+from pytest_budgetbench.strategies._chunking import chunk_history
+from pytest_budgetbench.strategies._memory_system import cut, fit_material
 from pytest_budgetbench.strategies._scoring import cosine
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.tiers import (
@@ -37,7 +38,6 @@ from pytest_budgetbench.strategies.budgetmem.tiers import (
 )
 
 CHUNK_TOKENS = 256
-MIN_MATERIAL_TOKENS = 16  # an auxiliary prompt with less to read than this is not worth sending
 FINAL_MARK = "FINAL:"
 
 # Reasoning-axis prompt styles, by tier.
@@ -173,20 +173,14 @@ class Services:
     def _call(self, model: AuxiliaryModel, module: str, purpose: str, instruction: str,
               material: str, max_tokens: int) -> str:
         tokens = self.tokens
-        limit = self.budget - tokens.count_messages(self.prompt(instruction, ""))
-        if limit < MIN_MATERIAL_TOKENS or not material.strip():
-            return ""
-        material = material[: fit_prefix(tokens, material, 0, len(material), limit)]
-        prompt = self.prompt(instruction, material)
-        counted = tokens.count_messages(prompt)
-        while counted > self.budget and material:
-            # Joined text can cost a token or two more than its parts: cut the excess.
-            keep = tokens.count_text(material) - (counted - self.budget)
-            material = material[: fit_prefix(tokens, material, 0, len(material), keep)]
-            prompt = self.prompt(instruction, material)
-            counted = tokens.count_messages(prompt)
         if not material.strip():
             return ""
+        fitted = fit_material(tokens, lambda text: self.prompt(instruction, text), material,
+                              self.budget)
+        if fitted is None or not fitted[0].strip():
+            return ""
+        material, counted = fitted
+        prompt = self.prompt(instruction, material)
         started = time.perf_counter()
         reply = model.complete(prompt, max_tokens=max_tokens, purpose=purpose)
         self._aux_s += time.perf_counter() - started
@@ -200,9 +194,7 @@ class Services:
 
     def clip(self, text: str, limit: int) -> str:
         """``text`` cut after a word to ``limit`` tokens."""
-        if limit <= 0:
-            return ""
-        return text[: fit_prefix(self.tokens, text, 0, len(text), limit)].strip()
+        return cut(self.tokens, text, limit)
 
     # -- timing ---------------------------------------------------------------------------
     def timed(self, module: str, run: Callable[[], None]) -> None:
