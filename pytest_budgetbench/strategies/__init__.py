@@ -40,6 +40,7 @@ REGISTRY: Registry[Strategy] = Registry(
         "compression": "pytest_budgetbench.strategies.compression:Compression",
         "memgpt": "pytest_budgetbench.strategies.memgpt:MemGPT",
         "mem0": "pytest_budgetbench.strategies.mem0:Mem0",
+        "amem": "pytest_budgetbench.strategies.amem:AMem",
         "budgetmem_low": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemLow",
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",

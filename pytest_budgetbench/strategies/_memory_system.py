@@ -2,7 +2,8 @@
 
 - :func:`ask`: one auxiliary call whose prompt is cut to a token limit (the material is
   clipped from its end), with its counted tokens added to a phase's :class:`Cost`;
-- :func:`json_values`: the JSON objects and arrays in a small model's reply, fenced or not;
+- :func:`json_values`: the JSON objects and arrays in a small model's reply, fenced or not
+  (and, on request, repaired where it copied a template's Python literals or commas);
 - :func:`failed`: a reply the strategy could not use, counted on the row
   (``aux_failures``) and in the phase's cost, so degradation is per call, never per run;
 - :class:`BuiltMemories`: memories built for an item, kept in the process by the content
@@ -93,12 +94,21 @@ def construction_window(budget: int, cap: int) -> int:
 
 
 _FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.DOTALL)
+_PYTHON_LITERAL = re.compile(r"\b(True|False|None)\b")
+_JSON_LITERAL = {"True": "true", "False": "false", "None": "null"}
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 
 
-def json_values(reply: str) -> Iterator[Any]:
-    """Every JSON object or array in ``reply``: inside code fences first, then anywhere."""
+def json_values(reply: str, *, lenient: bool = False) -> Iterator[Any]:
+    """Every JSON object or array in ``reply``: inside code fences first, then anywhere.
+
+    ``lenient``: then also in the reply repaired as a small model breaks JSON when it
+    copies a prompt's template (Python's ``True``/``False``/``None``, trailing commas)."""
     decoder = json.JSONDecoder()
-    for text in [*(m.group(1) for m in _FENCE.finditer(reply)), reply]:
+    texts = [*(m.group(1) for m in _FENCE.finditer(reply)), reply]
+    if lenient:
+        texts += [_repaired(text) for text in texts]
+    for text in texts:
         index = 0
         while index < len(text):
             if text[index] in "{[":
@@ -111,6 +121,11 @@ def json_values(reply: str) -> Iterator[Any]:
                 index = end
             else:
                 index += 1
+
+
+def _repaired(text: str) -> str:
+    text = _PYTHON_LITERAL.sub(lambda m: _JSON_LITERAL[m.group(1)], text)
+    return _TRAILING_COMMA.sub(r"\1", text)
 
 
 def render(messages: Sequence[Message]) -> str:
