@@ -39,6 +39,7 @@ REGISTRY: Registry[Strategy] = Registry(
         "checkpoint_context": "pytest_budgetbench.strategies.checkpoint_context:CheckpointContext",
         "compression": "pytest_budgetbench.strategies.compression:Compression",
         "memgpt": "pytest_budgetbench.strategies.memgpt:MemGPT",
+        "llmlingua2": "pytest_budgetbench.strategies.llmlingua2:LLMLingua2",
         "budgetmem_low": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemLow",
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
