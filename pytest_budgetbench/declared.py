@@ -21,7 +21,14 @@ from typing import Any
 
 from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, TaskDefinition
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.options import Option, check_keys, declared, owner_name, resolve_values
+from pytest_budgetbench.options import (
+    Option,
+    check_keys,
+    check_required,
+    declared,
+    owner_name,
+    resolve_values,
+)
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
@@ -95,9 +102,13 @@ def check_options(
     settings: Settings, tasks: Iterable[type[Task]], strategies: Iterable[type[Strategy]]
 ) -> None:
     """KEY=VALUE task and strategy options: each key declared by the sweep, each value
-    valid for every class that declares it; else a ConfigError naming both."""
+    valid for every class that declares it, each required option given; else a
+    ConfigError naming them."""
+    tasks, strategies = list(tasks), list(strategies)
     check_keys("task", TASK_OPTIONS_FLAG, settings.task_options or {}, tasks)
     check_keys("strategy", STRATEGY_OPTIONS_FLAG, settings.strategy_options or {}, strategies)
+    check_required("task", TASK_OPTIONS_FLAG, settings.raw_task_options(), tasks)
+    check_required("strategy", STRATEGY_OPTIONS_FLAG, settings.raw_strategy_options(), strategies)
 
 
 def task_values(cls: type[Task], settings: Settings) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Option:
     """Its own flag, ``--budgetbench-<flag>`` (e.g. ``memory-history``), besides KEY=VALUE."""
     env: str | None = None
     metavar: str | None = None
+    required: bool = False
+    """No usable default (e.g. a model directory): a sweep with a class that declares it
+    must give it, or it is a usage error before collection (:func:`check_required`)."""
 
     def read(self, raw: str, where: str) -> Any:
         """The parsed value; a bad one is a ConfigError naming ``where`` and the value."""
@@ -104,6 +107,21 @@ def check_keys(
         for name in accepted[key]:
             option = next(o for o in declared(owners[name]) if o.key == key)
             option.read(raw, f"{flag}: {key} ({kind} '{name}')")
+
+
+def check_required(
+    kind: str, flag: str, given: Mapping[str, str], classes: Iterable[type[Any]]
+) -> None:
+    """Each required option of ``classes`` must be in ``given`` (its KEY=VALUE pairs and
+    own flags); else a ConfigError that says how to give it."""
+    for cls in classes:
+        for option in declared(cls):
+            if option.required and option.key not in given:
+                own = f" (or --budgetbench-{option.flag})" if option.flag else ""
+                raise ConfigError(
+                    f"{kind} '{owner_name(cls)}' needs {option.key}, {option.help}: pass "
+                    f"{flag}={option.key}={option.metavar or 'VALUE'}{own}"
+                )
 
 
 def _kind(cls: type[Any]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.options import Option, check_keys, choice, positive_int
+from pytest_budgetbench.options import Option, check_keys, check_required, choice, positive_int
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import sweep_args
 
@@ -245,3 +245,18 @@ def test_check_keys_accepts_declared_keys_and_names_the_owner_of_a_bad_value() -
         check_keys("strategy", "--x", {"size": "3"}, [_Owner, _Other])
     with pytest.raises(ConfigError, match=r"unknown key 'sise'.*accepted keys: mode, size"):
         check_keys("strategy", "--x", {"sise": "3"}, [_Owner, _Other])
+
+
+class _NeedsModel:
+    name = "needs_model"
+    declared_options = (Option("model_dir", "where its model is", str, None, metavar="DIR",
+                               flag="model-dir", required=True),)
+
+
+def test_check_required_asks_for_a_required_option_only_when_it_is_missing() -> None:
+    check_required("strategy", "--x", {"model_dir": "m"}, [_NeedsModel, _Other])
+    check_required("strategy", "--x", {}, [_Other])  # no class of the sweep requires it
+    with pytest.raises(ConfigError, match=r"^strategy 'needs_model' needs model_dir, where its "
+                                          r"model is: pass --x=model_dir=DIR \(or "
+                                          r"--budgetbench-model-dir\)$"):
+        check_required("strategy", "--x", {"size": "2"}, [_Other, _NeedsModel])

@@ -41,6 +41,7 @@ REGISTRY: Registry[Strategy] = Registry(
         "memgpt": "pytest_budgetbench.strategies.memgpt:MemGPT",
         "mem0": "pytest_budgetbench.strategies.mem0:Mem0",
         "amem": "pytest_budgetbench.strategies.amem:AMem",
+        "llmlingua2": "pytest_budgetbench.strategies.llmlingua2:LLMLingua2",
         "budgetmem_low": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemLow",
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
