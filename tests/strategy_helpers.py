@@ -6,17 +6,18 @@ Each test module keeps its own module-scoped ``gguf`` fixture, a one-line wrappe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
 from pytest_budgetbench.budget import GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import EmbeddedServerError
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
+from tests.fake_openai import reading_responder
 
 
 def load_gguf() -> GGUFCounter:
@@ -46,3 +47,37 @@ def run_strategy(
 def memory_items(items: int, history_tokens: int) -> list[Item]:
     """The first ``items`` memory-task items, each with about ``history_tokens`` of history."""
     return MemoryTask(TaskOptions(items=items, extra={"history_tokens": history_tokens})).load()
+
+
+class ScriptedAux:
+    """An auxiliary model for the memory-system tests: ``reply(prompt)`` answers; every call
+    is recorded (purpose, counted tokens, prompt) and must fit ``limit`` tokens."""
+
+    def __init__(self, tokens: TokenCounter, limit: int,
+                 reply: Callable[[Sequence[Message]], str]) -> None:
+        self.tokens, self.limit, self.reply = tokens, limit, reply
+        self.calls: list[tuple[str, int, list[Message]]] = []
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+        counted = self.tokens.count_messages(messages)
+        assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
+        self.calls.append((purpose, counted, list(messages)))
+        return self.reply(messages)
+
+    def purposes(self) -> list[str]:
+        return [purpose for purpose, _count, _prompt in self.calls]
+
+    def prompts(self) -> list[str]:
+        return [text_of(m) for _p, _c, sent in self.calls for m in sent]
+
+
+def scripted_responder(kind_of: Callable[[Sequence[Message]], str], replies: dict[str, str]
+                       ) -> Callable[[list[dict[str, Any]]], str]:
+    """A fake endpoint's responder: the scripted reply for the prompt's kind, a reader's
+    answer for the answer prompt (kind ``answer``)."""
+
+    def respond(messages: list[dict[str, Any]]) -> str:
+        kind = kind_of(messages)
+        return reading_responder(messages) if kind == "answer" else replies[kind]
+
+    return respond

@@ -9,14 +9,14 @@ import importlib.util
 import inspect
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_budgetbench import embeddings
-from pytest_budgetbench.budget import ApproxCounter, TokenCounter
+from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._memory_system import json_values
@@ -36,8 +36,8 @@ from pytest_budgetbench.strategies.amem import (
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.fake_openai import FakeOpenAI, reading_responder
-from tests.strategy_helpers import memory_items
+from tests.fake_openai import FakeOpenAI
+from tests.strategy_helpers import ScriptedAux, memory_items, scripted_responder
 from tests.test_plugin import rows_of, sweep_args
 
 Replies = dict[str, str]
@@ -74,33 +74,6 @@ def kind_of(messages: Sequence[Message]) -> str:
     return "answer"
 
 
-def scripted(replies: Replies) -> Callable[[list[dict[str, Any]]], str]:
-    """A responder: the scripted reply for an amem prompt, a reader's answer otherwise."""
-
-    def respond(messages: list[dict[str, Any]]) -> str:
-        kind = kind_of(messages)
-        return reading_responder(messages) if kind == "answer" else replies[kind]
-
-    return respond
-
-
-class ScriptedAux:
-    """Replies by prompt kind; records purpose, count and prompt; enforces a limit."""
-
-    def __init__(self, tokens: TokenCounter, limit: int, replies: Replies) -> None:
-        self.tokens, self.limit, self.replies = tokens, limit, replies
-        self.calls: list[tuple[str, int, list[Message]]] = []
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        counted = self.tokens.count_messages(messages)
-        assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
-        self.calls.append((purpose, counted, list(messages)))
-        return self.replies[kind_of(messages)]
-
-    def purposes(self) -> list[str]:
-        return [purpose for purpose, _count, _prompt in self.calls]
-
-
 @pytest.fixture(scope="module")
 def chromadb_loaded() -> None:
     """chromadb imported before pytester's snapshot of the modules: its restore would make
@@ -119,7 +92,7 @@ def _run(messages: list[Message], budget: int, replies: Replies = GOOD,
          strategy: AMem | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
     tokens = ApproxCounter()
-    aux = ScriptedAux(tokens, budget, replies)
+    aux = ScriptedAux(tokens, budget, lambda sent: replies[kind_of(sent)])
     context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
                               options=options)
     strategy = strategy or AMem()
@@ -312,7 +285,7 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
     # The hashing embedder stands in for MiniLM, whose loading would dominate the test.
     monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     replies = {k: v[0] for k, v in MALFORMED.items()} if malformed else GOOD
-    fake = FakeOpenAI(responder=scripted(replies)).start()
+    fake = FakeOpenAI(responder=scripted_responder(kind_of, replies)).start()
     try:
         result = pytester.runpytest(*sweep_args(
             fake, tmp_path, "--budgets=800,1200", "--budgetbench-items=2",

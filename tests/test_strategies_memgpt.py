@@ -4,13 +4,13 @@ the budget and recorded on the row, memory reused across budgets but never acros
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, TokenCounter
+from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
@@ -27,8 +27,8 @@ from pytest_budgetbench.strategies.memgpt import (
     parse_summary,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.fake_openai import FakeOpenAI, reading_responder
-from tests.strategy_helpers import memory_items
+from tests.fake_openai import FakeOpenAI
+from tests.strategy_helpers import ScriptedAux, memory_items, scripted_responder
 from tests.test_plugin import rows_of, sweep_args
 
 Replies = dict[str, str]
@@ -60,30 +60,6 @@ def kind_of(messages: Sequence[Message]) -> str:
     return "answer"
 
 
-def scripted(replies: Replies) -> Callable[[list[dict[str, Any]]], str]:
-    """A responder: the scripted reply for a memgpt prompt, a reader's answer otherwise."""
-
-    def respond(messages: list[dict[str, Any]]) -> str:
-        kind = kind_of(messages)
-        return reading_responder(messages) if kind == "answer" else replies[kind]
-
-    return respond
-
-
-class ScriptedAux:
-    """Replies by prompt kind; records purpose, count and prompt; enforces the budget."""
-
-    def __init__(self, tokens: TokenCounter, budget: int, replies: Replies) -> None:
-        self.tokens, self.budget, self.replies = tokens, budget, replies
-        self.calls: list[tuple[str, int, list[Message]]] = []
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        counted = self.tokens.count_messages(messages)
-        assert counted <= self.budget, f"{purpose} sent {counted} > {self.budget}"
-        self.calls.append((purpose, counted, list(messages)))
-        return self.replies[kind_of(messages)]
-
-
 @pytest.fixture(autouse=True)
 def fresh_memories() -> Iterator[None]:
     MEMORIES.clear()  # each test builds its own memories
@@ -95,7 +71,7 @@ def _run(messages: list[Message], budget: int, replies: Replies = GOOD,
          strategy: MemGPT | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
     tokens = ApproxCounter()
-    aux = ScriptedAux(tokens, budget, replies)
+    aux = ScriptedAux(tokens, budget, lambda sent: replies[kind_of(sent)])
     context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
                               options={"memgpt_window": MEMGPT_WINDOW.default, **options})
     strategy = strategy or MemGPT()
@@ -259,7 +235,7 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
     pytester: pytest.Pytester, tmp_path: Path, malformed: bool
 ) -> None:
     replies = {k: v[0] for k, v in MALFORMED.items()} if malformed else GOOD
-    fake = FakeOpenAI(responder=scripted(replies)).start()
+    fake = FakeOpenAI(responder=scripted_responder(kind_of, replies)).start()
     try:
         result = pytester.runpytest(*sweep_args(
             fake, tmp_path, "--budgets=384,768", "--budgetbench-items=2",
