@@ -235,6 +235,16 @@ def chunk_history(tokens: TokenCounter, history: Sequence[Message], size: int) -
     return pieces
 
 
+RECENT_CHUNK_TOKENS = 64  # granularity of a newest-history fill (its oldest message may be cut)
+
+
+def newest_first(tokens: TokenCounter, history: Sequence[Message],
+                 size: int = RECENT_CHUNK_TOKENS) -> list[Piece]:
+    """The history in chunks of at most ``size`` tokens, newest first: what a strategy
+    packs to keep the most recent history that fits (a FIFO tail)."""
+    return sorted(chunk_history(tokens, history, size), key=lambda p: (-p.msg, -p.start))
+
+
 def sentence_history(
     tokens: TokenCounter, history: Sequence[Message], max_unit: int
 ) -> list[Piece]:

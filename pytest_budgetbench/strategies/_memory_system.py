@@ -76,6 +76,17 @@ class BuiltMemories(Generic[T]):
                 self._memories.move_to_end(key)
             return memory
 
+    def get_or_build(self, key: str, build: Callable[[], T]) -> tuple[T, bool]:
+        """The memory at ``key``, built now when there is none, and whether it was reused.
+        Two cells that miss at once both build (the lock is not held while building: a
+        build makes model calls); the memories are equal and the later one is kept."""
+        found = self.get(key)
+        if found is not None:
+            return found, True
+        memory = build()
+        self.put(key, memory)
+        return memory, False
+
     def put(self, key: str, memory: T) -> None:
         with self._lock:
             self._memories[key] = memory

@@ -113,7 +113,7 @@ from typing import Any
 
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, positive_int
-from pytest_budgetbench.strategies._chunking import Piece, chunk_history, piece_text
+from pytest_budgetbench.strategies._chunking import Piece, chunk_history, newest_first, piece_text
 from pytest_budgetbench.strategies._memory_system import (
     BuiltMemories,
     Cost,
@@ -135,7 +135,6 @@ EVOLVE_REPLY_TOKENS = 320  # contexts and tags for up to five neighbours
 MIN_CONTENT_TOKENS = 24  # a note cut below this in a construction prompt says nothing
 MEMORY_SHARE = 0.75  # of the query-time room, for the retrieved notes
 MIN_NOTE_TOKENS = 32  # of a note's text at query time, or the note is left out
-RECENT_CHUNK_TOKENS = 64  # granularity of the newest history (its oldest message may be cut)
 DEFAULT_CONTEXT = "General"  # the package's context of a note never analysed
 ACTIONS = ("strengthen", "update_neighbor")
 
@@ -421,12 +420,11 @@ class AMem(HistoryStrategy):
         hits, neighbours = self.retrieve(memory, question_of(query_text(query)), top_k)
         text, shown, whole = self.memory_text([*hits, *neighbours], int(room * MEMORY_SHARE))
         fixed = [memory_message(text)] if text else []
-        newest_first = [
-            p for p in sorted(chunk_history(tokens, history, RECENT_CHUNK_TOKENS),
-                              key=lambda p: (-p.msg, -p.start))
+        recent = [
+            p for p in newest_first(tokens, history)
             if not any(note.covers(p) for note in whole)
         ]
-        prompt = Packer(tokens, history).pack(head, query, newest_first, budget, fixed)
+        prompt = Packer(tokens, history).pack(head, query, recent, budget, fixed)
         cost.seconds = time.perf_counter() - started
         self.context.info["amem"] = {
             "window": window,
@@ -445,12 +443,7 @@ class AMem(HistoryStrategy):
                note_tokens: int) -> tuple[Memory, bool]:
         """The item's memory at ``window``, and whether it was built by an earlier cell."""
         key = MEMORIES.key(head, history, window, note_tokens)
-        found = MEMORIES.get(key)
-        if found is not None:
-            return found, True
-        memory = self.build(history, window, note_tokens)
-        MEMORIES.put(key, memory)
-        return memory, False
+        return MEMORIES.get_or_build(key, lambda: self.build(history, window, note_tokens))
 
     def build(self, history: list[Message], window: int, note_tokens: int) -> Memory:
         """Each note analysed, then evolved against its nearest earlier notes, in order."""

@@ -72,7 +72,7 @@ from typing import Any
 from pytest_budgetbench.errors import ConfigError, MissingDependency, require
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, positive_int
-from pytest_budgetbench.strategies._chunking import chunk_history
+from pytest_budgetbench.strategies._chunking import newest_first
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer
 from pytest_budgetbench.strategies.base import Regime
 
@@ -81,7 +81,6 @@ MODEL_OPTION = "llmlingua2_model"
 SAFETY = 0.95  # ask for a little less than fits: llmlingua's rate is approximate
 MIN_RATE = 0.05  # below this the text is noise; the packer drops messages instead
 MAX_RATE = 0.99  # llmlingua does not compress at all at a rate of 1
-RECENT_CHUNK_TOKENS = 64  # granularity of the packer's last-resort cut
 CHUNK_TOKENS = 512  # llmlingua feeds the classifier 512-token chunks
 SEPARATOR = "@@msg@@"  # between messages compressed together; see Compressor.compress
 CONTEXT_TOKENS = 500  # classifier tokens per context, under llmlingua's 510-token cut
@@ -389,9 +388,8 @@ class LLMLingua2(HistoryStrategy):
             kept = sum(tokens.count_text(t) for t in compressed)
             rate = _next_rate(rate, budget - (counted - kept), kept)
         record.trimmed = True
-        newest_first = sorted(chunk_history(tokens, shorter, RECENT_CHUNK_TOKENS),
-                              key=lambda p: (-p.msg, -p.start))
-        return Packer(tokens, shorter).pack(head, query, newest_first, budget)
+        recent = newest_first(tokens, shorter)
+        return Packer(tokens, shorter).pack(head, query, recent, budget)
 
 
 def _rate(target: int, text_tokens: int) -> float | None:

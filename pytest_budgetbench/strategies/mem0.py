@@ -68,7 +68,7 @@ from typing import Any
 from pytest_budgetbench.errors import MissingDependency
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, choice, positive_int
-from pytest_budgetbench.strategies._chunking import chunk_history
+from pytest_budgetbench.strategies._chunking import chunk_history, newest_first
 from pytest_budgetbench.strategies._memory_system import (
     BuiltMemories,
     Cost,
@@ -89,7 +89,6 @@ FIT_SLACK = 4  # tokens the fitted extraction prompt leaves free in the window
 SEARCH_TOP_K = 20  # mem0's default
 MEMORY_SHARE = 0.5  # of the query-time room, for the memory message
 MIN_MEMORY_TOKENS = 8
-RECENT_CHUNK_TOKENS = 64  # granularity of the newest history (its oldest message may be cut)
 KEPT_SECTIONS = ("ROLE", "OUTPUT FORMAT")  # of mem0's extraction instruction
 ROLES = ("user", "assistant", "system")  # what mem0 renders; any other role is sent as user
 PURPOSE = "mem0/extract"
@@ -415,9 +414,8 @@ class Mem0(HistoryStrategy):
         hits = self.search(built, question_of(query_text(query)))
         packed = self.memory_lines(hits, int(room * MEMORY_SHARE))
         fixed = [memory_message("\n".join(packed))] if packed else []
-        newest_first = sorted(chunk_history(tokens, history, RECENT_CHUNK_TOKENS),
-                              key=lambda p: (-p.msg, -p.start))
-        prompt = Packer(tokens, history).pack(head, query, newest_first, budget, fixed)
+        recent = newest_first(tokens, history)
+        prompt = Packer(tokens, history).pack(head, query, recent, budget, fixed)
         cost.seconds = time.perf_counter() - started
         self.context.info["mem0"] = {
             "window": window,
@@ -433,12 +431,8 @@ class Mem0(HistoryStrategy):
         """The item's memory at ``window``, and whether it was built by an earlier cell."""
         mode = str(self.context.options.get("mem0_add", MEM0_ADD.default))
         key = MEMORIES.key(head, history, window, mode)
-        found = MEMORIES.get(key)
-        if found is not None:
-            return found, True
-        built = self.build(history, window, key, packed=mode == "packed")
-        MEMORIES.put(key, built)
-        return built, False
+        return MEMORIES.get_or_build(
+            key, lambda: self.build(history, window, key, packed=mode == "packed"))
 
     def build(self, history: list[Message], window: int, key: str, *, packed: bool) -> Built:
         """A fresh mem0 memory (its own store, database and user id), fed add by add."""

@@ -62,7 +62,7 @@ from typing import Any
 
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import Option, positive_int
-from pytest_budgetbench.strategies._chunking import chunk_history
+from pytest_budgetbench.strategies._chunking import newest_first
 from pytest_budgetbench.strategies._memory_system import (
     BuiltMemories,
     Cost,
@@ -92,7 +92,6 @@ MAX_SEARCHES = 3
 EDIT_REPLY_TOKENS = 192
 SEARCH_REPLY_TOKENS = 96
 MIN_MEMORY_TOKENS = 8  # below this the memory message is noise
-RECENT_CHUNK_TOKENS = 64  # granularity of the FIFO tail (its oldest message may be cut)
 BLOCKS = ("persona", "human")
 
 MEMGPT_WINDOW = Option(
@@ -244,9 +243,8 @@ class MemGPT(HistoryStrategy):
         hits = self.search(memory, history, question_of(query_text(query)), budget, cost)
         text = self.memory_text(memory, hits, int(room * MEMORY_SHARE))
         fixed = [memory_message(text)] if text else []
-        newest_first = sorted(chunk_history(tokens, history, RECENT_CHUNK_TOKENS),
-                              key=lambda p: (-p.msg, -p.start))
-        prompt = Packer(tokens, history).pack(head, query, newest_first, budget, fixed)
+        recent = newest_first(tokens, history)
+        prompt = Packer(tokens, history).pack(head, query, recent, budget, fixed)
         cost.seconds = time.perf_counter() - started
         self.context.info["memgpt"] = {
             "window": window,
@@ -263,12 +261,7 @@ class MemGPT(HistoryStrategy):
                ) -> tuple[Memory, bool]:
         """The item's memory at ``window``, and whether it was built by an earlier cell."""
         key = MEMORIES.key(head, history, window)
-        found = MEMORIES.get(key)
-        if found is not None:
-            return found, True
-        memory = self.build(head, history, window)
-        MEMORIES.put(key, memory)
-        return memory, False
+        return MEMORIES.get_or_build(key, lambda: self.build(head, history, window))
 
     def build(self, head: list[Message], history: list[Message], window: int) -> Memory:
         """Stream ``history`` through the FIFO queue, warning at 70% and flushing at 100%."""

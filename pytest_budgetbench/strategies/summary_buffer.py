@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix
+from pytest_budgetbench.strategies._chunking import chunk_history, fit_prefix, newest_first
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer
 from pytest_budgetbench.strategies.base import AuxiliaryModel, Regime
 
@@ -31,7 +31,6 @@ SUMMARY_SHARE = 0.25
 SUMMARY_MAX_TOKENS = 512
 SUMMARY_MIN_TOKENS = 16  # below this a summary cannot say anything useful: skip it
 MAX_LEVELS = 8  # reduce levels; each shrinks the text at least threefold
-RECENT_CHUNK_TOKENS = 64  # granularity of the recency fill (the oldest message may be cut)
 SUMMARY_HEADER = "Summary of the earlier conversation:\n"
 MAP_INSTRUCTION = (
     "Summarise this excerpt of a conversation between a user and an assistant. Keep every "
@@ -58,9 +57,7 @@ class SummaryBuffer(HistoryStrategy):
     def fit(self, head: list[Message], history: list[Message], query: list[Message],
             room: int, budget: int) -> list[Message]:
         tokens = self.context.tokens
-        newest_first = sorted(
-            chunk_history(tokens, history, RECENT_CHUNK_TOKENS), key=lambda p: (-p.msg, -p.start)
-        )
+        recent = newest_first(tokens, history)
         fixed: list[Message] = []
         summary_tokens = min(SUMMARY_MAX_TOKENS, int(room * SUMMARY_SHARE))
         if summary_tokens >= SUMMARY_MIN_TOKENS:
@@ -68,7 +65,7 @@ class SummaryBuffer(HistoryStrategy):
             evicted = history[: self._first_kept(history, room - reserve)]
             summary = self.summarise(evicted, summary_tokens, budget) if evicted else ""
             fixed = [summary_message(summary)] if summary else []
-        return Packer(tokens, history).pack(head, query, newest_first, budget, fixed)
+        return Packer(tokens, history).pack(head, query, recent, budget, fixed)
 
     def _first_kept(self, history: Sequence[Message], available: int) -> int:
         """Index of the oldest message of the newest run of whole messages that fits."""
