@@ -7,6 +7,7 @@ Each test module keeps its own module-scoped ``gguf`` fixture, a one-line wrappe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
-from tests.fake_openai import reading_responder
+from tests.fake_openai import FakeOpenAI, reading_responder
 
 
 def load_gguf() -> GGUFCounter:
@@ -81,3 +82,23 @@ def scripted_responder(kind_of: Callable[[Sequence[Message]], str], replies: dic
         return reading_responder(messages) if kind == "answer" else replies[kind]
 
     return respond
+
+
+def graded_sweep(pytester: pytest.Pytester, tmp_path: Path,
+                 responder: Callable[[list[dict[str, Any]]], str] | None, cells: int,
+                 *args: str) -> list[dict[str, Any]]:
+    """Run a sweep against a fake endpoint answering with ``responder``; every one of its
+    ``cells`` cells must pass, be ok, fit its budget and be graded. Returns the rows."""
+    from tests.test_plugin import rows_of, sweep_args
+
+    fake = FakeOpenAI(responder=responder).start() if responder else FakeOpenAI().start()
+    try:
+        result = pytester.runpytest(*sweep_args(fake, tmp_path, *args))
+    finally:
+        fake.stop()
+    result.assert_outcomes(passed=cells)
+    rows = rows_of(tmp_path)
+    assert len(rows) == cells and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        assert row["counted_tokens"] <= row["budget"] and row["quality"] is not None
+    return rows

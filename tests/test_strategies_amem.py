@@ -36,9 +36,7 @@ from pytest_budgetbench.strategies.amem import (
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.fake_openai import FakeOpenAI
-from tests.strategy_helpers import ScriptedAux, memory_items, scripted_responder
-from tests.test_plugin import rows_of, sweep_args
+from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, scripted_responder
 
 Replies = dict[str, str]
 """A scripted reply by prompt kind: note, evolve."""
@@ -285,20 +283,12 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
     # The hashing embedder stands in for MiniLM, whose loading would dominate the test.
     monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     replies = {k: v[0] for k, v in MALFORMED.items()} if malformed else GOOD
-    fake = FakeOpenAI(responder=scripted_responder(kind_of, replies)).start()
-    try:
-        result = pytester.runpytest(*sweep_args(
-            fake, tmp_path, "--budgets=800,1200", "--budgetbench-items=2",
-            "--budgetbench-strategies=amem",
-            "--budgetbench-strategy-options=amem_window=800",
-            "--budgetbench-task-options=history_tokens=1600"))
-    finally:
-        fake.stop()
-    result.assert_outcomes(passed=4)
-    rows = rows_of(tmp_path)
-    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    rows = graded_sweep(pytester, tmp_path, scripted_responder(kind_of, replies), 4,
+                        "--budgets=800,1200", "--budgetbench-items=2",
+                        "--budgetbench-strategies=amem",
+                        "--budgetbench-strategy-options=amem_window=800",
+                        "--budgetbench-task-options=history_tokens=1600")
     for row in rows:
-        assert row["counted_tokens"] <= row["budget"] and row["quality"] is not None
         assert all(call["input_tokens"] <= 800 for call in row["aux_calls"])
     for item in {row["item_id"] for row in rows}:
         built, reused = sorted((r for r in rows if r["item_id"] == item),
