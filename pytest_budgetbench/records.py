@@ -134,6 +134,7 @@ _REQUIRED: tuple[str, ...] = tuple(
 CELLS_FILE = "cells.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
 RUN_FILE = "run.json"
+STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
 
 
 def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:

@@ -39,7 +39,7 @@ from pytest_budgetbench.model import (
     Completion,
     redact_url,
 )
-from pytest_budgetbench.records import CellRow, RunStore
+from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
 from pytest_budgetbench.tasks.base import CHUNK_TOKENS
@@ -348,6 +348,7 @@ class Runner:
             aux=aux,
             aux_models={name: aux.sibling(chat, name) for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
+            work_dir=self.store.run_dir / STRATEGY_FILES,
             options={"embedding_model": settings.embedding_model,
                      **strategy_values(type(strategy), settings)},
         )

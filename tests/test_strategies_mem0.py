@@ -321,8 +321,11 @@ AUDIT = textwrap.dedent("""
             return '{"memory": [{"id": "0", "text": "User has a parrot called Rufus"}]}'
 
     tokens = ApproxCounter()
+    work_dir = os.environ.get("WORK_DIR")
+    from pathlib import Path
     context = StrategyContext(tokens=tokens, aux=Aux(), embedder_factory=HashingEmbedder,
-                              options={"mem0_window": 1024})
+                              options={"mem0_window": 1024},
+                              work_dir=Path(work_dir) if work_dir else None)
     strategy = Mem0()
     strategy.reset(context)
     strategy.apply(list(memory_items(1, 1500)[0].messages), 1024)
@@ -341,17 +344,21 @@ AUDIT = textwrap.dedent("""
 """)
 
 
-def test_no_network_no_telemetry_and_nothing_written_outside_mem0s_private_dir(
-    tmp_path: Path
+@pytest.mark.parametrize("in_run", [False, True])
+def test_no_network_no_telemetry_and_nothing_written_outside_mem0s_own_dir(
+    tmp_path: Path, in_run: bool
 ) -> None:
     """In a fresh interpreter (mem0 reads its settings on import), with HOME moved away:
     no socket is opened or name resolved, telemetry is off and never started, stores are
-    in memory, and every file kept is under the private mem0 directory (or bytecode)."""
+    in memory, and every file kept is under mem0's directory (or bytecode): the run's
+    ``strategy-files/mem0`` in a run, else a private one removed at exit."""
     root = Path(__file__).resolve().parents[1]
     home = tmp_path / "home"
     home.mkdir()
+    work_dir = tmp_path / "run" / "strategy-files"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(root),
-           "MEM0_TELEMETRY": "True", "MEM0_DIR": str(home / "mine")}
+           "MEM0_TELEMETRY": "True", "MEM0_DIR": str(home / "mine"),
+           **({"WORK_DIR": str(work_dir)} if in_run else {})}
     done = subprocess.run([sys.executable, "-c", AUDIT], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -362,11 +369,17 @@ def test_no_network_no_telemetry_and_nothing_written_outside_mem0s_private_dir(
     assert seen["history_db"] == ":memory:" and set(seen["sqlite"]) <= {":memory:"}
     private = seen["private"]
     # Left out: compiled bytecode, and what is removed at once (tempfile's probe of /tmp).
-    outside = [p for p in seen["written"] if not p.startswith(private)
+    allowed = str(tmp_path / "run") if in_run else private
+    outside = [p for p in seen["written"] if not p.startswith(allowed)
                and "__pycache__" not in p and p not in seen["removed"] and p != "/dev/null"]
     assert outside == [] and seen["memories"] > 0, outside
     assert not (home / ".mem0").exists() and not (home / "mine").exists()
-    assert list(tmp_path.iterdir()) == [home] and not Path(private).exists()
+    if in_run:
+        assert private == str(work_dir / "mem0")
+        assert sorted(tmp_path.iterdir()) == [home, tmp_path / "run"]
+        assert [p.name for p in Path(private).iterdir()] == ["config.json"]
+    else:
+        assert list(tmp_path.iterdir()) == [home] and not Path(private).exists()
 
 
 def _sweep_reply(malformed: bool) -> Callable[[list[dict[str, Any]]], str]:

@@ -1,8 +1,9 @@
 """The ``mem0ai`` 2.2.1 library wired to the run, imported only when the mem0 strategy is
 first used (importing it loads mem0, qdrant-client and posthog).
 
-- Telemetry off, the mem0 directory private: ``MEM0_TELEMETRY=False`` and ``MEM0_DIR`` (a
-  temporary directory removed at exit) are set before mem0 is imported. mem0 writes
+- Telemetry off, the mem0 directory the run's: ``MEM0_TELEMETRY=False`` and ``MEM0_DIR``
+  (``<run>/strategy-files/mem0``; outside a run a temporary directory removed at exit) are
+  set before mem0 is imported. mem0 writes
   ``$MEM0_DIR/config.json`` on import whatever the telemetry setting, so it never reaches
   ``~/.mem0``; if mem0 was imported earlier, its telemetry flags are switched off in place.
 - No downloads: mem0 would fetch spaCy's ``en_core_web_sm`` when spaCy is installed without
@@ -28,8 +29,18 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-PRIVATE_DIR = tempfile.mkdtemp(prefix="budgetbench-mem0-")
-atexit.register(shutil.rmtree, PRIVATE_DIR, True)
+
+def _mem0_dir() -> str:
+    """The run's mem0 directory (set by the strategy), else a private one removed at exit."""
+    chosen = os.environ.get("BUDGETBENCH_MEM0_DIR")
+    if chosen:
+        return chosen
+    private = tempfile.mkdtemp(prefix="budgetbench-mem0-")
+    atexit.register(shutil.rmtree, private, True)
+    return private
+
+
+PRIVATE_DIR = _mem0_dir()
 os.environ["MEM0_TELEMETRY"] = "False"
 os.environ["MEM0_DIR"] = PRIVATE_DIR
 

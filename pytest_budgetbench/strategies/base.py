@@ -22,6 +22,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pytest_budgetbench.messages import Message
@@ -75,6 +76,9 @@ class StrategyContext:
     info: dict[str, Any] = field(default_factory=dict)
     """What the strategy wants on the cell's row (JSON-serialisable), as ``strategy_info``:
     e.g. the tiers it chose and its modules' compute seconds."""
+    work_dir: Path | None = None
+    """Where the strategy may write files in a run (``<run>/strategy-files``, created by
+    the strategy when it needs it); None outside a run. Nothing else may be written."""
     aux_failures: int = 0
     """Auxiliary replies the strategy could not use (not JSON, wrong keys), counted by the
     strategy as it goes on without them; the row records it as ``aux_failures``."""

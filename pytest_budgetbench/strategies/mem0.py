@@ -56,12 +56,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -121,10 +124,19 @@ SKELETON = ("## Summary\n\n\n## Last k Messages\n\n\n## Recently Extracted Memor
             "10:00 am on 30 September, 2023\n\n# Output:")
 
 
-def backend() -> ModuleType:
-    """The mem0 wiring (:mod:`._mem0_backend`), imported on first use."""
+BACKEND_MODULE = "pytest_budgetbench.strategies._mem0_backend"
+RUN_MEM0_DIR = "BUDGETBENCH_MEM0_DIR"  # the run's directory for mem0, handed to the backend
+
+
+def backend(work_dir: Path | None = None) -> ModuleType:
+    """The mem0 wiring (:mod:`._mem0_backend`), imported on first use. mem0 writes a
+    ``config.json`` into its directory when imported: in a run that is
+    ``<work_dir>/mem0``, otherwise a private temporary directory removed at exit."""
     if importlib.util.find_spec("mem0") is None:
         raise MissingDependency("mem0ai", "mem0", "the mem0 strategy")
+    if work_dir is not None and BACKEND_MODULE not in sys.modules:
+        (work_dir / "mem0").mkdir(parents=True, exist_ok=True)
+        os.environ[RUN_MEM0_DIR] = str(work_dir / "mem0")
     from pytest_budgetbench.strategies import _mem0_backend
 
     return _mem0_backend
@@ -436,7 +448,7 @@ class Mem0(HistoryStrategy):
 
     def build(self, history: list[Message], window: int, key: str, *, packed: bool) -> Built:
         """A fresh mem0 memory (its own store, database and user id), fed add by add."""
-        library = backend()
+        library = backend(self.context.work_dir)
         started = time.perf_counter()
         embedder = self.context.embedder
         dimensions = len(embedder.embed(["mem0 embedding dimensions"])[0])
