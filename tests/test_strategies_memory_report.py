@@ -17,7 +17,7 @@ pytest.importorskip("pandas")
 
 def _phase(calls: int, tokens: int, seconds: float, failures: int = 0) -> dict[str, Any]:
     return {"aux_calls": calls, "input_tokens": tokens, "output_tokens": 10 * calls,
-            "seconds": seconds, "aux_failures": failures}
+            "seconds": seconds, "model_s": 2 * seconds, "aux_failures": failures}
 
 
 def _info(system: str, *, reused: bool, build_calls: int, query_calls: int) -> dict[str, Any]:
@@ -59,6 +59,7 @@ def test_construction_is_per_built_memory_and_query_per_cell(tmp_path: Path) -> 
     assert built["build_aux_calls"] == pytest.approx(6.0)
     assert built["build_tokens"] == pytest.approx(6000 + 60)
     assert built["build_s"] == pytest.approx(24.0)
+    assert built["build_model_s"] == pytest.approx(48.0)
     assert built["query_aux_calls"] == pytest.approx(1.0)
     assert (built["aux_calls"], built["aux_failures"]) == (21, 3)
     assert built["failure_rate"] == pytest.approx(3 / 21)

@@ -19,6 +19,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -45,10 +46,15 @@ class Cost:
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+    model_s: float = 0.0
+    """Seconds the model took to answer the phase's calls, as recorded: a reply from the
+    response cache keeps the latency it was first answered in, so a rebuilt memory still
+    shows what building it costs."""
     aux_failures: int = 0
 
     def info(self) -> dict[str, Any]:
-        return {**asdict(self), "seconds": round(self.seconds, 6)}
+        return {**asdict(self), "seconds": round(self.seconds, 6),
+                "model_s": round(self.model_s, 6)}
 
 
 class BuiltMemories(Generic[T]):
@@ -187,6 +193,17 @@ def cut(tokens: TokenCounter, text: str, limit: int) -> str:
     return text[: fit_prefix(tokens, text, 0, len(text), limit)].strip()
 
 
+def recorded_latency(model: AuxiliaryModel, wall: float) -> float:
+    """The recorded latency of ``model``'s last call (the runner's recorder keeps it; a
+    cached reply keeps its original latency), else the measured wall time."""
+    calls: Any = getattr(model, "calls", None)
+    if isinstance(calls, list) and calls:
+        latency = getattr(calls[-1], "latency_s", None)
+        if isinstance(latency, int | float):
+            return float(latency)
+    return wall
+
+
 def ask(context: StrategyContext, strategy: str, instruction: str, material: str,
         request: str, *, limit: int, max_tokens: int, purpose: str, cost: Cost) -> str | None:
     """The reply to ``instruction`` over ``material`` and ``request``, the material cut
@@ -205,8 +222,10 @@ def ask(context: StrategyContext, strategy: str, instruction: str, material: str
     if fitted is None or not (fitted[0] or request):
         return None
     material, counted = fitted
-    reply = auxiliary(context, strategy).complete(prompt(material), max_tokens=max_tokens,
-                                                  purpose=purpose)
+    model = auxiliary(context, strategy)
+    started = time.perf_counter()
+    reply = model.complete(prompt(material), max_tokens=max_tokens, purpose=purpose)
+    cost.model_s += recorded_latency(model, time.perf_counter() - started)
     reply = clip(context, reply.strip(), max_tokens)
     cost.aux_calls += 1
     cost.input_tokens += counted

@@ -5,7 +5,9 @@ A memory-system strategy (memgpt, mem0, amem, or a third party's following the s
 convention) records ``strategy_info[NAME] = {"construction": {...}, "query": {...}}``, each
 phase with ``aux_calls``, ``input_tokens``, ``output_tokens``, ``seconds`` and
 ``aux_failures`` (:class:`~pytest_budgetbench.strategies._memory_system.Cost`), and the
-construction with ``reused``. Construction is paid once per built memory, by the cell
+construction with ``reused``. ``seconds`` is the wall time of the phase in this run (short
+when its replies came from the response cache); ``model_s`` the model's recorded time for
+its calls (a cached reply keeps the latency it was first answered in): what building costs. Construction is paid once per built memory, by the cell
 that built it (a memory is shared by an item's budgets at or above the system's window,
 and by items whose messages are identical, e.g. LoCoMo questions over one conversation),
 so its costs are averaged over the cells with ``reused`` false; query-time costs are
@@ -34,7 +36,7 @@ PHASES = ("construction", "query")
 
 COLUMNS: tuple[str, ...] = (
     "task", "strategy", "budget", "system", "cells", "built",
-    "build_aux_calls", "build_tokens", "build_s",
+    "build_aux_calls", "build_tokens", "build_s", "build_model_s",
     "query_aux_calls", "query_tokens", "query_s",
     "aux_calls", "aux_failures", "failure_rate",
 )
@@ -47,6 +49,7 @@ VIEW: tuple[Column, ...] = (
     col("build aux calls / memory", "build_aux_calls", num(1)),
     col("build tokens / memory", "build_tokens", num(0)),
     col("build s / memory", "build_s", num(1)),
+    col("build model s / memory", "build_model_s", num(1)),
     col("query aux calls / cell", "query_aux_calls", num(2)),
     col("query tokens / cell", "query_tokens", num(0)),
     col("query s / cell", "query_s", num(2)),
@@ -120,6 +123,7 @@ def cost_table(rows: pd.DataFrame) -> pd.DataFrame:
             "build_aux_calls": _mean(group.built, lambda p: float(p.get("aux_calls", 0))),
             "build_tokens": _mean(group.built, _tokens),
             "build_s": _mean(group.built, lambda p: float(p.get("seconds", 0.0))),
+            "build_model_s": _mean(group.built, lambda p: float(p.get("model_s", 0.0))),
             "query_aux_calls": _mean(group.queries, lambda p: float(p.get("aux_calls", 0))),
             "query_tokens": _mean(group.queries, _tokens),
             "query_s": _mean(group.queries, lambda p: float(p.get("seconds", 0.0))),

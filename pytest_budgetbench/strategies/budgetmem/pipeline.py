@@ -28,7 +28,7 @@ from typing import Any
 from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import chunk_history
-from pytest_budgetbench.strategies._memory_system import cut, fit_material
+from pytest_budgetbench.strategies._memory_system import cut, fit_material, recorded_latency
 from pytest_budgetbench.strategies._scoring import cosine
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.tiers import (
@@ -184,7 +184,7 @@ class Services:
         started = time.perf_counter()
         reply = model.complete(prompt, max_tokens=max_tokens, purpose=purpose)
         self._aux_s += time.perf_counter() - started
-        self._aux_latency += _last_latency(model, time.perf_counter() - started)
+        self._aux_latency += recorded_latency(model, time.perf_counter() - started)
         cost = self.costs[module]
         cost.aux_calls += 1
         cost.aux_input_tokens += counted
@@ -205,17 +205,6 @@ class Services:
         run()
         wall = time.perf_counter() - started
         self.costs[module].seconds += max(0.0, wall - self._aux_s) + self._aux_latency
-
-
-def _last_latency(model: AuxiliaryModel, wall: float) -> float:
-    """The recorded latency of ``model``'s last call (the runner's recorder keeps it;
-    a cached reply keeps its original latency), else the measured wall time."""
-    calls: Any = getattr(model, "calls", None)
-    if isinstance(calls, list) and calls:
-        latency = getattr(calls[-1], "latency_s", None)
-        if isinstance(latency, int | float):
-            return float(latency)
-    return wall
 
 
 def retrieve(services: Services, history: Sequence[Message], question: str,
