@@ -69,6 +69,10 @@ MALFORMED = [
     '{"facts": ["User has a dog"]}',  # mem0's older fact-extraction format
     '{"memory": "User likes tea"}',
     '{"memory": [{"id": "0", "attributed_to": "user"}]}',
+    # mem0's output format copied back (Qwen2.5-Coder-0.5B did so in the issue-17 sweep):
+    '```json\n{"memory": [{"id": "0", "text": "First extracted memory", "attributed_to": '
+    '"user"}, {"id": "1", "text": "Second extracted memory", "attributed_to": "assistant"}]}'
+    '\n```',
 ]
 
 

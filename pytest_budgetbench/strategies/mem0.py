@@ -29,10 +29,12 @@ telemetry off (see :mod:`._mem0_backend`).
   every day, defeating the call cache).
 
 Small models fail the JSON. A reply that is not an object with a ``memory`` list of
-objects with a ``text``, or that has any entry without one, is one ``aux_failure`` on the
-row; the memory objects found in it are still stored (a reply cut at its token limit keeps
-its complete entries), and mem0 is given the validated entries re-serialised, so what
-counts as a success is exactly what mem0 stores. Construction goes on with the next add.
+objects with a ``text``, or that has any entry without one or with a placeholder copied
+from mem0's output format ("First extracted memory": Qwen2.5-0.5B does this), is one
+``aux_failure`` on the row; the other memory objects found in it are still stored (a
+reply cut at its token limit keeps its complete entries), and mem0 is given the validated
+entries re-serialised, so what counts as a success is exactly what mem0 stores.
+Construction goes on with the next add.
 
 Query time. ``Memory.search(question)`` (mem0's ranking; no LLM call) returns memories,
 best first; the prompt is the system messages, one system message with as many of them
@@ -227,18 +229,32 @@ def condensed(instruction: str) -> str:
     return "\n\n".join(kept) if kept else instruction.strip()
 
 
-def parse_extraction(reply: str) -> tuple[list[dict[str, str]], bool]:
+_EXAMPLE_TEXT = re.compile(r'"text":\s*"([^"]+)"')
+
+
+def example_texts(instruction: str) -> frozenset[str]:
+    """The placeholder ``text`` values of the output format shown in ``instruction``
+    (mem0's "First extracted memory", ...): a reply that repeats one extracted nothing."""
+    return frozenset(m.group(1).strip() for m in _EXAMPLE_TEXT.finditer(instruction))
+
+
+def parse_extraction(reply: str, placeholders: frozenset[str] = frozenset()
+                     ) -> tuple[list[dict[str, str]], bool]:
     """The memory entries of an extraction ``reply``, and whether it was well formed (an
-    object whose ``memory`` is a list of objects, each with a non-empty ``text``).
+    object whose ``memory`` is a list of objects, each with a non-empty ``text`` that is
+    not one of the prompt's ``placeholders``).
 
     A malformed reply still yields the entry objects found in it, e.g. the complete
-    entries of a reply cut short at its token limit."""
+    entries of a reply cut short at its token limit; a placeholder copied from the output
+    format (small models do) is dropped, so it never becomes a memory."""
     for value in json_values(reply):
         if isinstance(value, dict) and isinstance(value.get("memory"), list):
             raw = value["memory"]
             entries = [e for e in map(_entry, raw) if e is not None]
-            return _numbered(entries), len(entries) == len(raw)
-    entries = [e for e in map(_entry, json_values(reply)) if e is not None]
+            kept = [e for e in entries if e["text"] not in placeholders]
+            return _numbered(kept), len(kept) == len(raw)
+    entries = [e for e in map(_entry, json_values(reply))
+               if e is not None and e["text"] not in placeholders]
     unique = list({e["text"]: e for e in entries}.values())
     return _numbered(unique), False
 
@@ -342,7 +358,7 @@ class Construction:
         if reply is None:
             self.skipped_calls += 1
             return NO_MEMORIES
-        entries, well_formed = parse_extraction(reply)
+        entries, well_formed = parse_extraction(reply, example_texts(instruction))
         if not well_formed:
             failed(self.context, self.cost)
         self.extracted += len(entries)

@@ -2,17 +2,18 @@
 system's memory cost, and how often its auxiliary replies could not be used.
 
 A memory-system strategy (memgpt, mem0, amem, or a third party's following the same
-convention) records ``strategy_info[NAME] = {"construction": {...}, "query": {...}}``, each
-phase with ``aux_calls``, ``input_tokens``, ``output_tokens``, ``seconds`` and
+convention) records ``strategy_info[NAME] = {"construction": {...}, "query": {...}}``,
+each phase with ``aux_calls``, ``input_tokens``, ``output_tokens``, ``seconds`` and
 ``aux_failures`` (:class:`~pytest_budgetbench.strategies._memory_system.Cost`), and the
 construction with ``reused``. ``seconds`` is the wall time of the phase in this run (short
 when its replies came from the response cache); ``model_s`` the model's recorded time for
-its calls (a cached reply keeps the latency it was first answered in): what building costs. Construction is paid once per built memory, by the cell
-that built it (a memory is shared by an item's budgets at or above the system's window,
-and by items whose messages are identical, e.g. LoCoMo questions over one conversation),
-so its costs are averaged over the cells with ``reused`` false; query-time costs are
-averaged over every cell. The failure rate is the row's ``aux_failures`` over its
-auxiliary calls, both phases, summed over the cells.
+its calls (a cached reply keeps the latency it was first answered in): what building
+costs. Construction is paid once per built memory, by the cell that built it (a memory is
+shared by an item's budgets at or above the system's window, and by items whose messages
+are identical, e.g. LoCoMo questions over one conversation), so its costs are averaged
+over the cells with ``reused`` false; query-time costs are averaged over every cell. The
+failure rate is the row's ``aux_failures`` over its auxiliary calls, both phases, summed
+over the cells.
 """
 
 from __future__ import annotations
