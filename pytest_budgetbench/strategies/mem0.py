@@ -21,12 +21,12 @@ telemetry off (see :mod:`._mem0_backend`).
   pieces. ``mem0_add=packed`` packs consecutive whole sessions into one add instead (fewer
   calls; the date is the last session's).
 - Every call is held to the construction window W = ``min(budget, mem0_window)``.
-  mem0's instruction alone is ~8,400 tokens, so the call keeps its ``# ROLE`` and
-  ``# OUTPUT FORMAT`` sections (~530 tokens; the guidelines and twelve examples are left
-  out); its prompt keeps mem0's sections, with the new messages whole, then as many of
-  the existing memories (most similar first) and of the last messages (newest first) as
-  fit. ``Current Date`` is left out (it is not an anchor, and would change every prompt
-  every day, defeating the call cache).
+  mem0's instruction alone is ~8,400 tokens, so the call keeps its ``# ROLE`` section,
+  its first worked example and its ``# OUTPUT FORMAT`` (~780 tokens; the guidelines and
+  the other eleven examples are left out); its prompt keeps mem0's sections, with the new
+  messages whole, then as many of the existing memories (most similar first) and of the
+  last messages (newest first) as fit. ``Current Date`` is left out (it is not an anchor,
+  and would change every prompt every day, defeating the call cache).
 
 Small models fail the JSON. A reply that is not an object with a ``memory`` list of
 objects with a ``text``, or that has any entry without one or with a placeholder copied
@@ -94,7 +94,7 @@ FIT_SLACK = 4  # tokens the fitted extraction prompt leaves free in the window
 SEARCH_TOP_K = 20  # mem0's default
 MEMORY_SHARE = 0.5  # of the query-time room, for the memory message
 MIN_MEMORY_TOKENS = 8
-KEPT_SECTIONS = ("ROLE", "OUTPUT FORMAT")  # of mem0's extraction instruction
+KEPT_SECTIONS = ("ROLE", "OUTPUT FORMAT")  # of mem0's extraction instruction, in its order
 ROLES = ("user", "assistant", "system")  # what mem0 renders; any other role is sent as user
 PURPOSE = "mem0/extract"
 NO_MEMORIES = json.dumps({"memory": []})
@@ -222,11 +222,19 @@ def add_size(context: StrategyContext, window: int, instruction: str) -> int:
 
 # -- the extraction call -------------------------------------------------------------------
 def condensed(instruction: str) -> str:
-    """mem0's instruction cut to its ``KEPT_SECTIONS`` (all of it when it has none)."""
+    """mem0's instruction cut to its ``KEPT_SECTIONS`` and its first worked example, before
+    the output format (all of it when it has none of those sections). Without an example,
+    Qwen2.5-0.5B copied the output format's placeholders back instead of extracting."""
     sections = re.split(r"\n(?=# )", instruction)
     kept = [s.strip() for s in sections
             if s.startswith("# ") and s[2:].split("\n", 1)[0].strip() in KEPT_SECTIONS]
-    return "\n\n".join(kept) if kept else instruction.strip()
+    if not kept:
+        return instruction.strip()
+    examples = next((s for s in sections if s.startswith("# EXAMPLES")), "")
+    first = re.split(r"\n(?=## )", examples)[1:2]
+    if first:
+        kept.insert(len(kept) - 1, "# EXAMPLE\n\n" + first[0].strip())
+    return "\n\n".join(kept)
 
 
 _EXAMPLE_TEXT = re.compile(r'"text":\s*"([^"]+)"')
