@@ -124,7 +124,9 @@ def cost_table(rows: pd.DataFrame) -> pd.DataFrame:
             "build_aux_calls": _mean(group.built, lambda p: float(p.get("aux_calls", 0))),
             "build_tokens": _mean(group.built, _tokens),
             "build_s": _mean(group.built, lambda p: float(p.get("seconds", 0.0))),
-            "build_model_s": _mean(group.built, lambda p: float(p.get("model_s", 0.0))),
+            # Rows written before model_s was recorded do not count as 0 s.
+            "build_model_s": _mean([p for p in group.built if "model_s" in p],
+                                   lambda p: float(p["model_s"])),
             "query_aux_calls": _mean(group.queries, lambda p: float(p.get("aux_calls", 0))),
             "query_tokens": _mean(group.queries, _tokens),
             "query_s": _mean(group.queries, lambda p: float(p.get("seconds", 0.0))),
