@@ -102,3 +102,20 @@ def graded_sweep(pytester: pytest.Pytester, tmp_path: Path,
     for row in rows:
         assert row["counted_tokens"] <= row["budget"] and row["quality"] is not None
     return rows
+
+
+def run_with_aux(strategy: Strategy, messages: list[Message], budget: int,
+                 reply: Callable[[Sequence[Message]], str], options: dict[str, Any]
+                 ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
+    """One cell of a memory-system strategy with a scripted aux model (``reply``) held to
+    ``budget``, the approximate counter and the hashing embedder: the prompt, the aux
+    model (its calls) and the context (``info``, ``aux_failures``)."""
+    from pytest_budgetbench.budget import ApproxCounter
+    from pytest_budgetbench.testing import HashingEmbedder
+
+    tokens = ApproxCounter()
+    aux = ScriptedAux(tokens, budget, reply)
+    context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
+                              options=options)
+    strategy.reset(context)
+    return strategy.apply(messages, budget), aux, context

