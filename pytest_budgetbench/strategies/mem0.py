@@ -56,6 +56,7 @@ memories kept) apart from query cost.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -221,6 +222,7 @@ def add_size(context: StrategyContext, window: int, instruction: str) -> int:
 
 
 # -- the extraction call -------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)  # mem0 sends the same instruction on every call
 def condensed(instruction: str) -> str:
     """mem0's instruction cut to its ``KEPT_SECTIONS`` and its first worked example, before
     the output format (all of it when it has none of those sections). Without an example,
@@ -240,6 +242,7 @@ def condensed(instruction: str) -> str:
 _EXAMPLE_TEXT = re.compile(r'"text":\s*"([^"]+)"')
 
 
+@functools.lru_cache(maxsize=8)
 def example_texts(instruction: str) -> frozenset[str]:
     """The placeholder ``text`` values of the output format shown in ``instruction``
     (mem0's "First extracted memory", ...): a reply that repeats one extracted nothing."""
