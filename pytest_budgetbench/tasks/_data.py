@@ -79,8 +79,11 @@ class JsonLineError(ValueError):
 
 def json_lines(text: str) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of a JSON-lines text; a line that is
-    not JSON raises :class:`JsonLineError`, for the caller to name its file."""
-    for number, line in enumerate(text.splitlines(), 1):
+    not JSON raises :class:`JsonLineError`, for the caller to name its file.
+
+    Lines end at LF only (a CR before it is JSON whitespace): U+2028, U+2029 and U+0085,
+    which ``str.splitlines`` also breaks at, are characters of a JSON string."""
+    for number, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 yield number, json.loads(line)

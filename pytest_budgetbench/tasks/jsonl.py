@@ -23,6 +23,7 @@ a message with an unknown role).
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,7 +109,11 @@ class JsonlTask(Task):
 
     # -- loading ---------------------------------------------------------------------------
     def load(self) -> list[Item]:
-        path = resolve_file(self.name, self._path(), (self.data.what,) if self.data else ())
+        given = self._path()
+        if given is not None and given.is_dir():
+            raise DataError(f"task '{self.name}' needs a {self.file_kind} file, not the "
+                            f"directory {given}: pass {flag(self.name)} with the file's path")
+        path = resolve_file(self.name, given, (self.data.what,) if self.data else ())
         items: list[Item] = []
         seen: dict[str, int] = {}
         for line, record in self._records(path):
@@ -259,12 +264,20 @@ class CsvTask(JsonlTask):
     file_kind = "CSV"
 
     def _records(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-        reader = csv.DictReader(_read(self.name, path).splitlines(keepends=True))
-        for row in reader:
-            record = {key: value for key, value in row.items()
-                      if key is not None and value not in (None, "")}
+        text = _read(self.name, path)
+        try:
+            rows = _csv_rows(text)
+        except _CsvRowError as exc:
+            raise self._bad(path, exc.line, exc.problem) from None
+        header: list[str] | None = None
+        for line, row in rows:
+            if header is None:
+                header = row
+                continue
+            record = {key: value for key, value in zip(header, row, strict=False)
+                      if value != ""}
             if record:
-                yield reader.line_num, record
+                yield line, record
 
     def _json_cell(self, value: Any, key: str) -> Any:
         try:
@@ -280,6 +293,43 @@ class CsvTask(JsonlTask):
             except json.JSONDecodeError:
                 return value
         return value
+
+
+class _CsvRowError(ValueError):
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(f"line {line}: {problem}")
+        self.line, self.problem = line, problem
+
+
+def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
+    """The non-blank rows of a CSV text, each with the line it starts on.
+
+    Records end at a CSV line end (CR LF, LF or CR) outside quotes, never at U+2028 and
+    the like; a cell may be as long as the text; a quote left open is an error at the line
+    its record starts on (:class:`_CsvRowError`).
+    """
+    limit = csv.field_size_limit()
+    # The limit is process-wide: raised only while this text is read, and only as far
+    # as a cell of this text can reach.
+    csv.field_size_limit(max(limit, len(text) + 1))
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        rows: list[tuple[int, list[str]]] = []
+        start = 1
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return rows
+            except csv.Error as exc:
+                problem = ("a quoted cell is never closed: add its closing '\"'"
+                           if "unexpected end of data" in str(exc) else f"not valid CSV ({exc})")
+                raise _CsvRowError(start, problem) from None
+            if row:
+                rows.append((start, row))
+            start = reader.line_num + 1
+    finally:
+        csv.field_size_limit(limit)
 
 
 def _read(task: str, path: Path) -> str:

@@ -1,0 +1,132 @@
+"""Files are read as files: JSON lines end at ``\\n`` only, CSV records at CSV line ends
+outside quotes, a cell may be as long as a chat, errors name the line a record starts on,
+and a command over unreadable or empty records says so in one line; a gate over nothing
+fails."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
+from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.tasks import TaskOptions, resolve_task
+from pytest_budgetbench.tasks import _fixtures as fx
+from pytest_budgetbench.tasks._data import json_lines
+from pytest_budgetbench.tasks.import_chats import write_example
+from pytest_budgetbench.tasks.jsonl import CsvTask, JsonlTask
+
+CHAT = [{"role": "user", "content": "my dog is called Rex"},
+        {"role": "assistant", "content": "Noted."}]
+QUESTION = "What is my dog called?"
+SEPARATORS = "\u2028\u2029\u0085"
+"""Line breaks to str.splitlines, plain characters to JSON and CSV."""
+
+
+def _load(path: Path) -> list[Any]:
+    cls = CsvTask if path.suffix == ".csv" else JsonlTask
+    defaults = {option.key: option.default for option in cls.declared_options}
+    return cls(TaskOptions(data_path=path, extra=defaults)).load()
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("budgetbench: error: "), line
+    return line
+
+
+# -- JSON lines -----------------------------------------------------------------------------
+def test_json_lines_end_at_newline_only() -> None:
+    text = f'{{"a": "x{SEPARATORS}y"}}\r\n\n{{"b": 1}}\n'
+    assert list(json_lines(text)) == [(1, {"a": f"x{SEPARATORS}y"}), (3, {"b": 1})]
+
+
+def test_a_jsonl_record_may_hold_unicode_line_separators(tmp_path: Path) -> None:
+    content = f"my dog{SEPARATORS[0]}is called{SEPARATORS[1]}Rex{SEPARATORS[2]}"
+    record = {"history": [{"role": "user", "content": content}, CHAT[1]],
+              "question": QUESTION, "answer": "Rex"}
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    (item,) = _load(path)
+    assert item.messages[0]["content"] == content
+
+
+def test_import_chats_reads_its_own_output_with_unicode_line_separators(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chats, questions = fx.openai_chat_export(2)
+    chats[0]["messages"][1]["content"] += f" (see{SEPARATORS}above)"
+    questions[1]["question"] = f"Which{SEPARATORS[0]}one?"
+    export = fx.write_json(tmp_path / "export.json", chats)
+    asked = tmp_path / "questions.jsonl"
+    asked.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in questions),
+                     encoding="utf-8")
+    out = tmp_path / "chats.jsonl"
+    assert main(["import-chats", str(export), str(asked), "--out", str(out)]) == EXIT_OK, \
+        capsys.readouterr().err
+    items = _load(out)
+    assert SEPARATORS in items[0].messages[1]["content"]
+    assert items[1].messages[-1]["content"] == f"Which{SEPARATORS[0]}one?"
+
+
+def test_a_jsonl_task_path_that_is_a_directory_is_one_clear_line(tmp_path: Path) -> None:
+    cls = resolve_task("chats", {"chats": ("jsonl", {"path": str(tmp_path)})})
+    defaults = {option.key: option.default for option in cls.declared_options}
+    with pytest.raises(DataError) as info:
+        cls(TaskOptions(data_path=tmp_path, extra=defaults)).load()
+    assert str(info.value) == (
+        f"task 'chats' needs a JSON-lines file, not the directory {tmp_path}: pass "
+        "--budgetbench-data-chats=PATH (or BUDGETBENCH_DATA_CHATS) with the file's path")
+
+
+# -- CSV ------------------------------------------------------------------------------------
+def _write_csv(path: Path, *rows: list[str]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["id", "history", "question", "answer"], *rows])
+    return path
+
+
+def test_an_unquoted_csv_cell_holding_a_line_separator_is_one_record(tmp_path: Path) -> None:
+    question = f"What{SEPARATORS[0]}is my dog{SEPARATORS[2]}called?"
+    path = _write_csv(tmp_path / "chats.csv", ["t1", json.dumps(CHAT), question, "Rex"])
+    assert '"' + question not in path.read_text(encoding="utf-8")  # written unquoted
+    (item,) = _load(path)
+    assert item.item_id == "t1" and item.messages[-1]["content"] == question
+
+
+def test_a_csv_error_names_the_line_its_record_starts_on(tmp_path: Path) -> None:
+    history = json.dumps(CHAT, indent=1)  # a quoted cell over several lines
+    path = _write_csv(tmp_path / "chats.csv", ["t1", history, QUESTION, ""],
+                      ["t2", json.dumps(CHAT), QUESTION, "Rex"])
+    with pytest.raises(DataError, match=r"chats.csv line 2: field 'answer' is missing"):
+        _load(path)
+
+
+def test_an_unclosed_csv_quote_is_reported_at_its_record(tmp_path: Path) -> None:
+    path = _write_csv(tmp_path / "chats.csv", ["t1", json.dumps(CHAT), QUESTION, "Rex"])
+    with path.open("a", encoding="utf-8", newline="") as handle:
+        handle.write('t2,"[{""role"": ""user""}],Q?,Rex\r\n')  # line 3: the quote stays open
+        handle.write("t3,x,Q?,Rex\r\n")
+    with pytest.raises(DataError) as info:
+        _load(path)
+    assert str(info.value) == (f"task 'csv': {path} line 3: a quoted cell is never closed: "
+                               "add its closing '\"'")
+
+
+def test_a_csv_cell_of_200k_characters_loads_and_the_limit_is_restored(
+    tmp_path: Path,
+) -> None:
+    long = "word " * 40_000
+    history = json.dumps([{"role": "user", "content": long}, CHAT[1]])
+    path = _write_csv(tmp_path / "long.csv", ["t1", history, QUESTION, "Rex"])
+    limit = csv.field_size_limit()
+    (item,) = _load(path)
+    assert item.messages[0]["content"] == long
+    assert csv.field_size_limit() == limit
+
+
