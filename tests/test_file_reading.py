@@ -130,3 +130,31 @@ def test_a_csv_cell_of_200k_characters_loads_and_the_limit_is_restored(
     assert csv.field_size_limit() == limit
 
 
+# -- import-chats: bad input is one line ----------------------------------------------------
+@pytest.mark.parametrize(("calls", "expected"), [
+    (5, "messages[1].tool_calls must be a list of calls (got 5)"),
+    ([{"function": "lookup"}], "messages[1].tool_calls[0] must be an object whose "
+                               "'function' is an object with 'name' and 'arguments'"),
+], ids=["tool_calls-a-number", "function-a-string"])
+def test_import_chats_with_malformed_tool_calls_is_one_line(
+    tmp_path: Path, calls: Any, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    export = fx.write_json(tmp_path / "export.json", [{"id": "a", "messages": [
+        CHAT[0], {"role": "assistant", "content": "", "tool_calls": calls}]}])
+    questions = fx.write_jsonl(tmp_path / "q.jsonl", [
+        {"chat_id": "a", "question": QUESTION, "answer": "Rex"}])
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path / "o.jsonl")]) == EXIT_USAGE
+    assert f"export.json record 0: {expected}" in _one_error_line(capsys)
+
+
+def test_import_chats_out_a_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    export, questions = write_example(tmp_path)
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path)]) == EXIT_USAGE
+    assert f"cannot write {tmp_path} (Is a directory): pass --out a file" in \
+        _one_error_line(capsys)
+
+

@@ -51,9 +51,13 @@ def import_chats(export: Path, questions: Path, out: Path) -> int:
         record.update({key: question[key] for key in OPTIONAL_FIELDS if key in question})
         asked[chat_id] += 1
         records.append(record)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
-                   encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                       encoding="utf-8")
+    except OSError as exc:
+        raise DataError(f"import-chats: cannot write {out} ({exc.strerror or exc}): pass "
+                        "--out a file path in a writable directory") from None
     _check(out)
     return len(records)
 
@@ -121,8 +125,16 @@ def _flat(path: Path, where: str, index: int, message: Any) -> Message | None:
         raise DataError(f"import-chats: {path} {where}: messages[{index}] has unknown role "
                         f"{role!r} (known: {', '.join(sorted(ROLES | {'function'}))})")
     lines = [_text(content)] if content else []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise DataError(f"import-chats: {path} {where}: messages[{index}].tool_calls must be "
+                        f"a list of calls (got {one_line(repr(calls), 40)})")
+    for number, call in enumerate(calls):
+        function = call.get("function", {}) if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise DataError(f"import-chats: {path} {where}: messages[{index}].tool_calls"
+                            f"[{number}] must be an object whose 'function' is an object "
+                            f"with 'name' and 'arguments' (got {one_line(repr(call), 60)})")
         lines.append(f"[tool call] {function.get('name', '?')}({function.get('arguments', '')})")
     if isinstance(content, list) and not message.get("tool_calls"):
         return {"role": role, "content": content}
