@@ -65,6 +65,7 @@ def run_report(args: argparse.Namespace) -> int:
         regression_gate,
         violation_gate,
     )
+    from pytest_budgetbench.reports.load import require_rows
 
     if (args.price_in is None) != (args.price_out is None):
         return _usage("--price-in and --price-out go together")
@@ -72,6 +73,8 @@ def run_report(args: argparse.Namespace) -> int:
     out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
                        else Path("budgetbench-report"))
     try:
+        for run_dir in args.run_dirs:
+            require_rows(run_dir)
         report = build_report(args.run_dirs, out, reference=args.reference,
                               resamples=args.resamples, seed=args.seed, prices=prices,
                               plots=not args.no_plots)
@@ -136,17 +139,25 @@ def _non_negative(text: str) -> float:
 def run_diff(args: argparse.Namespace) -> int:
     from pytest_budgetbench.reports import ReportError
     from pytest_budgetbench.reports import diff as run_diffs
+    from pytest_budgetbench.reports.load import require_rows
 
     for run in (args.run_a, args.run_b):
         if not run.exists():
             return _usage(f"run directory not found: {run}")
     try:
+        for run in (args.run_a, args.run_b):
+            require_rows(run)
         result = run_diffs.diff_runs(args.run_a, args.run_b, resamples=args.resamples,
                                      seed=args.seed)
     except (ReportError, ValueError) as exc:  # DiffError is a ValueError
         return _usage(str(exc))
     tolerance = args.fail_on_regression
     regressions = result.regressions(tolerance) if tolerance is not None else []
+    if tolerance is not None and not result.table["n_paired"].sum():
+        # A gate over nothing fails: no item was scored in both runs.
+        regressions.append(f"no item is scored in both {args.run_a} and {args.run_b} (every "
+                           "common cell errored or went over budget in one of them), so no "
+                           "quality change was judged")
     if args.format == "md":
         sys.stdout.write(run_diffs.render_markdown(result, regressions))
     elif args.format == "json":

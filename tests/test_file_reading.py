@@ -158,3 +158,104 @@ def test_import_chats_out_a_directory_is_one_line(
         _one_error_line(capsys)
 
 
+# -- report and diff: no rows is not a report -----------------------------------------------
+def _row(item: int, strategy: str = "trunc", status: str = "ok", budget: int = 500,
+         quality: float = 1.0) -> dict[str, Any]:
+    from pytest_budgetbench.reports.synthetic import make_row
+
+    return make_row(item_id=f"i{item}", strategy=strategy, budget=budget, status=status,
+                    quality=quality, reference=strategy == "full_context")
+
+
+def _run(path: Path, rows: list[dict[str, Any]]) -> Path:
+    from pytest_budgetbench.reports.synthetic import write_run
+
+    return write_run(path, rows)
+
+
+def _report(*args: str) -> int:
+    return main(["report", "--no-plots", "--resamples", "200", *args])
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (None, "{run} has no cells.jsonl: pass a run directory"),
+    ("", "{cells} is empty: the run recorded no cell"),
+    ("garbage\n{not json\n", "{cells} holds no JSON object on any line"),
+    ('{"name": "a"}\n{"task": "t", "strategy": "s"}\n',
+     "{cells} holds 2 JSON objects but no cell row (one with task, item_id, strategy and "
+     "budget)"),
+], ids=["bare", "empty", "garbage", "foreign-schema"])
+def test_report_and_diff_refuse_a_run_with_no_rows(
+    tmp_path: Path, content: str | None, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    if content is not None:
+        (run / "cells.jsonl").write_text(content)
+    message = expected.format(run=run, cells=run / "cells.jsonl")
+    assert _report(str(run), "--max-violation-rate", "0.05") == EXIT_USAGE
+    assert message in _one_error_line(capsys)
+    assert not (run / "report").exists()  # no "0 cells" report is written
+    good = _run(tmp_path / "good", [_row(i) for i in range(3)])
+    assert main(["diff", str(good), str(run), "--fail-on-regression", "0"]) == EXIT_USAGE
+    assert message in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink-loop"])
+def test_report_and_diff_over_an_unreadable_cells_file_are_one_line(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    cells = run / "cells.jsonl"
+    if kind == "directory":
+        cells.mkdir()
+    else:
+        os.symlink("cells.jsonl", cells)
+    assert _report(str(run)) == EXIT_USAGE
+    assert f"cannot read {cells} (" in _one_error_line(capsys)
+    good = _run(tmp_path / "good", [_row(i) for i in range(3)])
+    assert main(["diff", str(good), str(run)]) == EXIT_USAGE
+    assert f"cannot read {cells} (" in _one_error_line(capsys)
+
+
+def test_the_cli_violation_gate_fails_when_no_row_was_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [row for i in range(5) for row in (_row(i, "full_context", budget=2000),
+                                              _row(i, status="error"))]
+    run = _run(tmp_path / "run", rows)
+    assert _report(str(run), "--max-violation-rate", "0.05") == EXIT_GATE_FAILED
+    err = capsys.readouterr().err
+    assert ("gate failed: trunc@500: no cell was admitted or over budget (5 errored, see "
+            "cells.jsonl), so there is no violation rate to judge") in err
+    only_reference = _run(tmp_path / "ref", [_row(i, "full_context", budget=2000)
+                                             for i in range(5)])
+    assert _report(str(only_reference), "--max-violation-rate", "0.05") == EXIT_GATE_FAILED
+    assert "no strategy@budget other than a reference has a row" in capsys.readouterr().err
+
+
+def test_the_cli_regression_gate_fails_when_nothing_was_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _run(tmp_path / "base", [_row(i) for i in range(5)])
+    assert _report(str(base)) == EXIT_OK
+    errored = _run(tmp_path / "errored", [_row(i, status="error") for i in range(5)])
+    assert _report(str(errored), "--baseline", str(base / "report" / "report.json")) == \
+        EXIT_GATE_FAILED
+    assert "was admitted or over budget (every one errored" in capsys.readouterr().err
+
+
+def test_the_diff_gate_fails_when_no_item_is_scored_in_both_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = _run(tmp_path / "a", [_row(i) for i in range(5)])
+    b = _run(tmp_path / "b", [_row(i, status="error") for i in range(5)])
+    assert main(["diff", str(a), str(b), "--resamples", "200"]) == EXIT_OK  # no gate asked
+    capsys.readouterr()
+    assert main(["diff", str(a), str(b), "--resamples", "200",
+                 "--fail-on-regression", "0.1"]) == EXIT_GATE_FAILED
+    assert (f"regression: no item is scored in both {a} and {b}"
+            in capsys.readouterr().err)
+
+

@@ -21,17 +21,23 @@ _EPS = 1e-12
 
 def violation_gate(report: Report, max_rate: float) -> list[str]:
     """One line per non-reference strategy@budget whose violation rate, pooled over tasks
-    (violations / (admitted + violations)), exceeds ``max_rate``."""
+    (violations / (admitted + violations)), exceeds ``max_rate``, or that has no rate
+    (every cell errored): as :func:`gate_verdict`, a gate over nothing fails."""
     summary = report.summary
-    if summary.empty:
-        return []
-    candidates = summary.loc[~summary["reference"].astype(bool)]
-    pooled = candidates.groupby(["strategy", "budget"], sort=True)[["n_ok", "n_violation"]].sum()
+    candidates = summary.loc[~summary["reference"].astype(bool)] if not summary.empty else summary
+    if candidates.empty:
+        return ["violation gate: no strategy@budget other than a reference has a row, so "
+                "there is no violation rate to judge"]
+    pooled = candidates.groupby(["strategy", "budget"], sort=True)[
+        ["n_ok", "n_violation", "n_error"]].sum()
     reasons = []
     for key, counts in pooled.iterrows():
         strategy, budget = key_values(key)
         ran = int(counts["n_ok"] + counts["n_violation"])
         if ran == 0:
+            reasons.append(f"{strategy}@{budget}: no cell was admitted or over budget "
+                           f"({int(counts['n_error'])} errored, see cells.jsonl), so there "
+                           "is no violation rate to judge")
             continue
         reason = _violation_reason(f"{strategy}@{budget}", int(counts["n_violation"]), ran,
                                    max_rate)
@@ -110,8 +116,13 @@ def regression_gate(
                                              source=baseline_report_json)
     if incomparable:
         return incomparable  # a gate that compared nothing must not pass
+    common = sorted(current.keys() & baseline.keys())
+    if not any(current[key].n_ok + current[key].n_violation for key in common):
+        return [f"regression gate: no cell this run shares with baseline "
+                f"{baseline_report_json} was admitted or over budget (every one errored, "
+                "see cells.jsonl), so nothing was compared"]
     reasons: list[str] = []
-    for key in sorted(current.keys() & baseline.keys()):
+    for key in common:
         task, strategy, budget = key
         now, before = current[key], baseline[key]
         label = f"{task}: {strategy}@{budget}"

@@ -137,12 +137,39 @@ def _cells_file(run_dir: Path) -> Path:
     return cells_path(run_dir)
 
 
+def require_rows(run_dir: Path) -> None:
+    """Raise ReportError, saying what is missing, unless the run holds a row that a report
+    reads (a command over no rows would report, or pass a gate, on nothing)."""
+    path = _cells_file(run_dir)
+    objects = 0
+    for block in row_blocks(path, _PROBE_BYTES):
+        objects += len(block)
+        if block and not _typed(block, report_columns(())).empty:
+            return
+    hint = f"pass a run directory (<out>/<run_id>) or its {CELLS_FILE}"
+    if not path.exists():
+        raise ReportError(f"{run_dir} has no {CELLS_FILE}: {hint}")
+    if objects:
+        raise ReportError(f"{path} holds {objects} JSON objects but no cell row (one with "
+                          f"task, item_id, strategy and budget): {hint}")
+    if path.stat().st_size:
+        raise ReportError(f"{path} holds no JSON object on any line: {hint}")
+    raise ReportError(f"{path} is empty: the run recorded no cell (did it run any?)")
+
+
+_PROBE_BYTES = 1 << 16
+"""require_rows reads blocks this small: a run's first rows are found in the first one."""
+
+
 def row_blocks(path: Path, block_bytes: int = 0) -> Iterator[list[dict[str, Any]]]:
     """The rows of a cells file, one block of whole lines at a time (none if it is absent)."""
     try:
         handle = path.open("rb")
     except FileNotFoundError:
         return
+    except OSError as exc:  # a directory, a symlink loop, no permission
+        raise ReportError(f"cannot read {path} ({exc.strerror or exc}): pass a run directory "
+                          f"(<out>/<run_id>) or its {CELLS_FILE}") from None
     with handle:
         rest = b""
         while chunk := handle.read(block_bytes or BLOCK_BYTES):
