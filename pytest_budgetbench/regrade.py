@@ -72,6 +72,7 @@ def regrade_run(
     info = _run_info(source)
     settings = _settings(info.get("settings") or {}, variants or {}, data_paths or {})
     rows = list(read_jsonl(cells))
+    _check_rows(cells, rows)
     graders = _Graders(settings)
     changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
     regraded, written = 0, []
@@ -91,6 +92,24 @@ def regrade_run(
         append_jsonl(out / CELLS_FILE, row)
     _write_run_info(out, info, source, settings)
     return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes))
+
+
+def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
+    """Raise a one-line DataError when there is nothing to re-grade, or a row lacks what
+    re-grading reads (a cell key with an integer budget)."""
+    if not rows:
+        raise DataError(f"regrade: {cells} holds no row (it is empty, or no line is a JSON "
+                        "object): nothing to re-grade; pass a run's cells.jsonl")
+    for row in rows:
+        cell = row.get("cell_id", "(no cell_id)")
+        absent = [key for key in ("task", "item_id", "strategy", "budget") if key not in row]
+        if absent:
+            raise DataError(f"regrade: {cells} row {cell!r} lacks {', '.join(absent)}: it "
+                            "is not a budgetbench cell row; pass a run's cells.jsonl")
+        budget = row["budget"]
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise DataError(f"regrade: {cells} row {cell!r} has budget {repr(budget)[:40]}, "
+                            "not an integer; the file is damaged or hand-edited: fix that row")
 
 
 class _Graders:

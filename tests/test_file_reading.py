@@ -259,3 +259,37 @@ def test_the_diff_gate_fails_when_no_item_is_scored_in_both_runs(
             in capsys.readouterr().err)
 
 
+# -- regrade --------------------------------------------------------------------------------
+@pytest.mark.parametrize(("content", "expected"), [
+    ("", "holds no row (it is empty, or no line is a JSON object): nothing to re-grade"),
+    ("garbage\n", "holds no row (it is empty, or no line is a JSON object)"),
+    ('{"name": "a"}\n', "row '(no cell_id)' lacks task, item_id, strategy, budget"),
+], ids=["empty", "garbage", "foreign-schema"])
+def test_regrade_of_a_run_it_cannot_read_is_one_line(
+    tmp_path: Path, content: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cells.jsonl").write_text(content)
+    assert main(["regrade", str(run)]) == EXIT_USAGE
+    assert f"regrade: {run / 'cells.jsonl'} {expected}" in _one_error_line(capsys)
+    assert not (run / "regraded").exists()
+
+
+@pytest.mark.parametrize("budget", ["big", None, 2048.5])
+def test_regrade_of_a_row_whose_budget_is_not_an_integer_is_one_line(
+    tmp_path: Path, budget: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_regrade import YES_ID, _row
+
+    data = fx.write_json(tmp_path / "hotpot_dev_distractor_v1.json", fx.hotpotqa_records())
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"settings": {
+        "tasks": ["hotpotqa"], "data_paths": {"hotpotqa": str(data)}}}))
+    rows = [_row("c1", YES_ID, "yes", 1.0), {**_row("c2", YES_ID, "no", 0.0), "budget": budget}]
+    (run / "cells.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["regrade", str(run)]) == EXIT_USAGE
+    assert (f"regrade: {run / 'cells.jsonl'} row 'c2' has budget {budget!r}, not an integer"
+            in _one_error_line(capsys))
+    assert not (run / "regraded").exists()
