@@ -121,9 +121,11 @@ def _check_grader_variants(settings: Settings, tasks: Mapping[str, type[Task]]) 
 
 
 def _check_data_flags(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
-    """A data path for a task the sweep does not run is a typo or a forgotten task."""
+    """A data flag for a task the sweep does not run is a typo or a forgotten task; an ini
+    or environment value for one is not (a pytest.ini may list every task's data, and the
+    command line run a few), so it is ignored."""
     swept = {cls.name or spec for spec, cls in tasks.items()}
-    for task in sorted(set(settings.data_paths) - swept):
+    for task in sorted(set(settings.data_flags) - swept):
         raise ConfigError(
             f"--budgetbench-data-{task} is given but task '{task}' is not in this sweep "
             f"(--budgetbench-tasks={','.join(settings.tasks)}); add it, or drop the flag"
