@@ -435,12 +435,12 @@ class ServerCounter(TokenCounter):
         super().__init__()
         import httpx
 
-        from pytest_budgetbench.redact import register_secret, register_url, split_query
+        from pytest_budgetbench.redact import register_secret, register_url, request_target
 
         register_url(base_url)
         register_secret(api_key)
         # A query string (https://host/v1?key=K) goes with every request, not into the path.
-        bare_url, query = split_query(base_url)
+        bare_url, query = request_target(base_url, api_key)
         root = bare_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -527,6 +527,10 @@ class Settings:
     grader: dict[str, str] | None = None
     progress: float = 30.0
     data_paths: dict[str, str] = field(default_factory=dict)
+    data_flags: tuple[str, ...] = ()
+    """The tasks of ``data_paths`` whose path came from the command line: such a flag for
+    a task the sweep does not run is a usage error, while an ini or environment value is
+    ignored (an ini may list the data of every task a team runs)."""
     task_flags: dict[str, str] = field(default_factory=dict)
     """Declared task options given by their own flag, ini or env (e.g.
     --budgetbench-memory-history is ``history_tokens``), by key, as text. Like a core
@@ -569,6 +573,7 @@ class Settings:
         from pytest_budgetbench.model import redact_url
 
         recorded = asdict(self)
+        del recorded["data_flags"]  # where a path came from is not the run's
         for key in ("endpoint", "judge_endpoint"):
             if recorded[key]:
                 recorded[key] = redact_url(recorded[key])
@@ -600,8 +605,11 @@ def load_settings(
     """
     values: dict[str, Any] = {}
     sections: dict[str, dict[str, str]] = {"data": {}, "task": {}, "strategy": {}}
+    data_flags: list[str] = []
     for spec in (*OPTIONS, *declared):
         raw = get_option(spec.dest)
+        if raw is not None and spec.section == "data":
+            data_flags.append(spec.key)
         if raw is None:
             raw = get_ini(spec.ini) or None
         if raw is None and spec.env:
@@ -613,8 +621,8 @@ def load_settings(
             sections[spec.section][spec.key] = ini_text(raw).strip()
     values["tasks"], inline = task_entries(values["tasks"])
     values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
-    settings = Settings(**values, data_paths=sections["data"], task_flags=sections["task"],
-                        strategy_flags=sections["strategy"])
+    settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),
+                        task_flags=sections["task"], strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):
         raise ConfigError(
             "--budgetbench-baseline and --budgetbench-max-regression go together: "

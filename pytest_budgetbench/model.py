@@ -33,7 +33,7 @@ from pytest_budgetbench.redact import (
     redact_url,
     register_secret,
     register_url,
-    split_query,
+    request_target,
 )
 
 __all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
@@ -144,7 +144,8 @@ class ChatModel:
     the call raises EndpointError. Every message is redacted (no key, no URL credentials).
 
     A query string in ``base_url`` (``https://host/v1?key=K``) is sent with every request
-    as a default query parameter, never as part of a route's path.
+    as a default query parameter, never as part of a route's path. With an API key, the
+    URL's user info is not sent (:func:`~pytest_budgetbench.redact.request_target`).
 
     ``base_url`` may be a callable instead (a launcher's ``url``): it is called on the first
     request, once, so a server that starts on demand starts only when a reply is needed;
@@ -207,7 +208,7 @@ class ChatModel:
                     self.base_url = self._find_url()
                     register_url(self.base_url)
                 # Our own retry loop owns backoff, so the client's is off.
-                bare_url, query = split_query(self.base_url)
+                bare_url, query = request_target(self.base_url, self._api_key)
                 self._openai_client = openai.OpenAI(
                     base_url=bare_url, api_key=self._api_key or "not-needed",
                     timeout=self.timeout, max_retries=0, default_query=query or None,
@@ -299,7 +300,7 @@ def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) ->
 
     register_url(base_url)
     register_secret(api_key)
-    bare_url, query = split_query(base_url)
+    bare_url, query = request_target(base_url, api_key)
     url = bare_url.rstrip("/") + "/models"
     try:
         response = httpx.get(url, headers=_auth_headers(api_key), params=query or None,

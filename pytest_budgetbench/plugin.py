@@ -239,6 +239,11 @@ class SweepPlugin:
         if reporter is not None and not self.session.settings.endpoint:
             self.session.on_server_start = self._starting_line(reporter)
         from pytest_budgetbench.preflight import NothingToRun
+        from pytest_budgetbench.wiring import credential_line
+
+        credential = credential_line(self.session.settings)
+        if reporter is not None and credential:
+            reporter.write_line(redact(credential))
 
         try:
             self.session.start()

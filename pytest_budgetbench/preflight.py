@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_budgetbench.cells import Cell, split_reference
+from pytest_budgetbench.cells import Cell, clean_part, split_reference
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetBenchError, ConfigError, TokenizerError
 
@@ -57,11 +57,13 @@ def check_settings(settings: Settings) -> None:
 
 def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
     """Each strategy spec's class, in order; its ``name`` is what its cells and rows carry.
-    Two specs that resolve to one name, or a class without a name, are a ConfigError."""
+    Two specs that resolve to one name, or to names that read as one in cell ids
+    (``keep-ends`` and ``keep_ends``), or a class without a name, are a ConfigError."""
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 
     classes: dict[str, type[Strategy]] = {}
     spec_of: dict[str, str] = {}
+    name_of: dict[str, str] = {}  # each name's readable id part -> the name
     for spec in specs:
         cls = STRATEGIES.resolve(spec)
         name = getattr(cls, "name", "")
@@ -74,6 +76,13 @@ def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
             raise ConfigError(
                 f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
                 f"'{name}', so their cells and rows would mix; give one another name"
+            )
+        other = name_of.setdefault(clean_part(name), name)
+        if other != name:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[other]}' and '{spec}' are named "
+                f"'{other}' and '{name}', which read as one ('{clean_part(name)}') in cell "
+                "ids; give one another name"
             )
         classes[spec], spec_of[name] = cls, spec
     return classes
@@ -112,9 +121,11 @@ def _check_grader_variants(settings: Settings, tasks: Mapping[str, type[Task]]) 
 
 
 def _check_data_flags(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
-    """A data path for a task the sweep does not run is a typo or a forgotten task."""
+    """A data flag for a task the sweep does not run is a typo or a forgotten task; an ini
+    or environment value for one is not (a pytest.ini may list every task's data, and the
+    command line run a few), so it is ignored."""
     swept = {cls.name or spec for spec, cls in tasks.items()}
-    for task in sorted(set(settings.data_paths) - swept):
+    for task in sorted(set(settings.data_flags) - swept):
         raise ConfigError(
             f"--budgetbench-data-{task} is given but task '{task}' is not in this sweep "
             f"(--budgetbench-tasks={','.join(settings.tasks)}); add it, or drop the flag"

@@ -117,6 +117,29 @@ def split_query(url: str) -> tuple[str, dict[str, str]]:
     return bare, params
 
 
+def request_target(url: str, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """Where an endpoint's requests go, and their query parameters (:func:`split_query`).
+
+    One credential is sent: with an API key, the key (a Bearer token) and never the URL's
+    user info, which httpx would otherwise send as Basic auth in the key's place; without
+    a key, the user info as Basic auth.
+    """
+    bare, query = split_query(url)
+    parts = urllib.parse.urlsplit(bare)
+    if api_key and "@" in parts.netloc:
+        host = parts.netloc.rpartition("@")[2]
+        bare = urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return bare, query
+
+
+def has_userinfo(url: str | None) -> bool:
+    """``url`` carries ``user:password@`` (or ``user@``)."""
+    try:
+        return bool(url) and "@" in urllib.parse.urlsplit(url).netloc
+    except ValueError:
+        return False
+
+
 # A URL in running text: scheme://, then anything up to white space, quotes or brackets.
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s'\"<>`\\]+")
 # Header- or parameter-like credentials: the name and separator stay, the value goes.

@@ -16,6 +16,7 @@ from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import EndpointError, TokenizerError
 from pytest_budgetbench.model import ChatBackend, redact_url
 from pytest_budgetbench.records import RunStore
+from pytest_budgetbench.redact import has_userinfo, split_query
 from pytest_budgetbench.runner import Catalog, Endpoint, Runner
 
 if TYPE_CHECKING:
@@ -42,6 +43,26 @@ def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-mod
             f"{redact_url(settings.endpoint)} lists no models; pass {model_flag}=NAME"
         )
     return Endpoint(base_url=settings.endpoint, model=model)
+
+
+def credential_line(settings: Settings) -> str | None:
+    """Which credential the sweep's requests carry, for the line printed at its start (a
+    variable's name and a URL without its secrets, never a secret); None without an
+    endpoint. The API key wins over a URL's user info (see redact.request_target)."""
+    if not settings.endpoint:
+        return None
+    url, var = settings.endpoint, f"${settings.api_key_env}"
+    if settings.api_key:
+        used = f"the API key in {var}, as Bearer"
+        if has_userinfo(url):
+            used += " (the URL's user info is not sent)"
+    elif has_userinfo(url):
+        used = f"the URL's user info, as Basic auth ({var} is not set)"
+    else:
+        used = f"none ({var} is not set)"
+    if split_query(url)[1]:
+        used += "; the URL's query parameters go with every request"
+    return f"budgetbench: credential for {redact_url(url)}: {used}"
 
 
 def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:

@@ -14,7 +14,8 @@ instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, an
 ``"429:<value>"`` is a 429 whose ``Retry-After`` is ``<value>`` (``inf``, ``3600``, an
 HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
 ``Authorization`` header back, as some servers do. ``queries`` holds each request's query
-string, so tests can check that an endpoint's ``?key=…`` reaches the server.
+string, so tests can check that an endpoint's ``?key=…`` reaches the server, and
+``authorizations`` each request's ``Authorization`` header ("" when none).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class FakeOpenAI:
         self.faults: list[str] = []
         self.requests: list[dict[str, Any]] = []
         self.queries: list[str] = []
+        self.authorizations: list[str] = []
         self.timeout_s = 3.0
         self.latency_s = 0.0
         self.injected: list[str] = []
@@ -129,6 +131,7 @@ class FakeOpenAI:
             def _route(self) -> str:
                 parts = urllib.parse.urlsplit(self.path)
                 fake.queries.append(parts.query)
+                fake.authorizations.append(self.headers.get("Authorization", ""))
                 return parts.path.rstrip("/")
 
             def do_GET(self) -> None:

@@ -56,7 +56,7 @@ def test_a_project_with_200_chats_runs_a_named_instance_with_no_python(
     rows = rows_of(tmp_path)
     assert len(rows) == 800
     assert {r["task"] for r in rows} == {"support_chats"}
-    assert rows[0]["cell_id"] == "support_chats-chat_0000-full_context-128"
+    assert rows[0]["cell_id"] == "support_chats-chat_0000+317558c9072d-full_context-128"
     assert {r["category"] for r in rows} == {"hardware", "account", "billing"}
     assert {r["grader"] for r in rows} == {"jsonl-exact/1"}
     ok = {(r["strategy"], r["budget"]): [] for r in rows}
