@@ -58,6 +58,7 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def run_report(args: argparse.Namespace) -> int:
+    _require_reports("budgetbench report")
     from pytest_budgetbench.reports import (
         Prices,
         ReportError,
@@ -137,6 +138,7 @@ def _non_negative(text: str) -> float:
 
 
 def run_diff(args: argparse.Namespace) -> int:
+    _require_reports("budgetbench diff")
     from pytest_budgetbench.reports import ReportError
     from pytest_budgetbench.reports import diff as run_diffs
     from pytest_budgetbench.reports.load import require_rows
@@ -170,6 +172,13 @@ def run_diff(args: argparse.Namespace) -> int:
     for line in regressions:
         print(f"budgetbench: regression: {line}", file=sys.stderr)
     return EXIT_GATE_FAILED if regressions else EXIT_OK
+
+
+def _require_reports(purpose: str) -> None:
+    from pytest_budgetbench.errors import check_installed
+    from pytest_budgetbench.reports import REQUIREMENTS
+
+    check_installed(REQUIREMENTS, purpose)
 
 
 def _usage(message: str) -> int:
@@ -331,8 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pytest_budgetbench.errors import MissingDependency
+
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except MissingDependency as exc:  # an extra this command needs: one line, not a traceback
+        return _usage(str(exc))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ subclasses AssertionError, which pytest reports as a test failure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
 
 class BudgetBenchError(Exception):
     """Base class of every error raised by pytest-budgetbench."""
@@ -33,10 +36,15 @@ class DataError(BudgetBenchError):
 class MissingDependency(BudgetBenchError):
     """An optional dependency is not installed."""
 
-    def __init__(self, module: str, extra: str, purpose: str) -> None:
+    def __init__(self, module: str, extra: str, purpose: str, hint: str = "",
+                 also: Sequence[tuple[str, str, str]] = ()) -> None:
+        """``also``: more (module, extra, purpose) that are missing, named in the same line
+        and installed by the same command."""
+        missing = [(module, extra, purpose), *also]
+        needs = "; ".join(f"{what} needs the '{name}' package" for name, _, what in missing)
+        extras = ",".join(dict.fromkeys(name for _, name, _ in missing))
         super().__init__(
-            f"{purpose} needs the '{module}' package: "
-            f"pip install 'pytest-budgetbench[{extra}]'"
+            f"{needs}: pip install 'pytest-budgetbench[{extras}]'" + (f", {hint}" if hint else "")
         )
         self.module = module
         self.extra = extra
@@ -79,3 +87,30 @@ def require(module: str, extra: str, purpose: str) -> object:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependency(module, extra, purpose) from exc
+
+
+class Requirement(NamedTuple):
+    """An optional package that a strategy, task or feature imports: its top-level import
+    name, the extra that installs it, and its pip name where that differs."""
+
+    module: str
+    extra: str
+    package: str = ""
+
+
+def first_missing(requirements: Iterable[Requirement]) -> Requirement | None:
+    """The first requirement that is not installed, or None. Imports nothing (a top-level
+    name's spec is found on the path), so it costs milliseconds."""
+    import importlib.util
+
+    for requirement in requirements:
+        if importlib.util.find_spec(requirement.module) is None:
+            return requirement
+    return None
+
+
+def check_installed(requirements: Iterable[Requirement], purpose: str, hint: str = "") -> None:
+    """Raise MissingDependency naming the first requirement that is not installed."""
+    missing = first_missing(requirements)
+    if missing is not None:
+        raise MissingDependency(missing.package or missing.module, missing.extra, purpose, hint)

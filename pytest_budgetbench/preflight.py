@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench.cells import Cell, clean_part, split_reference
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.errors import BudgetBenchError, ConfigError, TokenizerError
+from pytest_budgetbench.errors import (
+    BudgetBenchError,
+    ConfigError,
+    MissingDependency,
+    Requirement,
+    TokenizerError,
+    first_missing,
+)
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
@@ -41,6 +48,7 @@ def check_settings(settings: Settings) -> None:
 
     strategies = strategy_classes(settings.strategies)
     tasks = sweep_tasks(settings.tasks, settings.named_tasks)
+    check_extras(settings, strategies, tasks)
     check_options(settings, tasks.values(), strategies.values())
     _check_reference(settings, {cls.name for cls in strategies.values()})
     _check_grader_variants(settings, tasks)
@@ -86,6 +94,47 @@ def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
             )
         classes[spec], spec_of[name] = cls, spec
     return classes
+
+
+def check_extras(
+    settings: Settings, strategies: Mapping[str, type[Strategy]], tasks: Mapping[str, type[Task]]
+) -> None:
+    """Every optional package the sweep's strategies, tasks, tokenizer, model and gates
+    import is installed. What is missing is one MissingDependency, before any cell, that
+    names each extra; found without importing anything heavy."""
+    from pytest_budgetbench import embeddings, reports
+
+    needs: list[tuple[str, Iterable[Requirement]]] = []
+    for spec, strategy in strategies.items():
+        needs.append((f"strategy '{spec}'", strategy.requires))
+        if strategy.uses_embedder:
+            needs.append((f"strategy '{spec}' (its embedder, {settings.embedding_model} on "
+                          f"{settings.embedding_backend})", embeddings.requirements(
+                              settings.embedding_model, settings.embedding_backend)))
+    needs += [(f"task '{name}'", task.requires) for name, task in tasks.items()]
+    tokenizer = settings.tokenizer.partition(":")[0]
+    if tokenizer in _TOKENIZER_NEEDS:
+        needs.append((f"--budgetbench-tokenizer={tokenizer}:", _TOKENIZER_NEEDS[tokenizer]))
+    if settings.endpoint is None:
+        needs.append(("the embedded model (used when no endpoint is given)",
+                      _EMBEDDED_NEEDS))
+    for flag, value in (("--budgetbench-max-violation-rate", settings.max_violation_rate),
+                        ("--budgetbench-baseline", settings.baseline)):
+        if value is not None:
+            needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
+    missing: dict[str, tuple[str, str, str]] = {}  # the first need of each extra
+    for purpose, requirements in needs:
+        found = first_missing(requirements)
+        if found is not None:
+            missing.setdefault(found.extra, (found.package or found.module, found.extra, purpose))
+    if missing:
+        first, *also = missing.values()
+        raise MissingDependency(*first, also=also)
+
+
+_TOKENIZER_NEEDS = {"hf": (Requirement("transformers", "hf"),),
+                    "gguf": (Requirement("llama_cpp", "local", "llama-cpp-python"),)}
+_EMBEDDED_NEEDS = (Requirement("llama_cpp", "local", "llama-cpp-python"),)
 
 
 def _check_reference(settings: Settings, strategies: set[str]) -> None:

@@ -29,7 +29,9 @@ from pytest_budgetbench.errors import (
     ConfigError,
     EmbeddedServerError,
     EndpointError,
+    MissingDependency,
     RecordError,
+    check_installed,
 )
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
@@ -125,6 +127,8 @@ class BudgetBenchSession:
         """Reasons of the gates that failed, as the controller saw their reports."""
         self.started = False
         self.report_dir: Path | None = None
+        self.report_missing: str | None = None
+        """Why the report was not written (its extra is not installed) and how to write it."""
         self._runner: Runner | None = None
         self._counter: TokenCounter | None = None
         """The controller's counter, loaded and tried by the preflight; workers load theirs."""
@@ -224,6 +228,14 @@ class BudgetBenchSession:
     def finish(self) -> None:
         """Write the report of this run (the gates are test items; see :meth:`judge`)."""
         if self.settings.report == "off":
+            return
+        from pytest_budgetbench import reports
+
+        try:
+            check_installed(reports.REQUIREMENTS, "the HTML report",
+                            f"then `budgetbench report {self.store.run_dir}`")
+        except MissingDependency as exc:  # a core install: the records and summary stand
+            self.report_missing = str(exc)
             return
         self.report_dir = self._build_report(plots=True).out_dir
 

@@ -22,16 +22,22 @@ from pytest_budgetbench import wiring
 from pytest_budgetbench.arguments import from_option, non_negative, positive_int
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetBenchError
+from pytest_budgetbench.preflight import check_extras
 from pytest_budgetbench.records import RunStore
 from pytest_budgetbench.runner import Catalog
 from pytest_budgetbench.strategies.budgetmem.ppo import COST_SIGNALS, TrainConfig, train
-from pytest_budgetbench.strategies.budgetmem.router import DEFAULT_ROUTER_DIR, lambda_label
+from pytest_budgetbench.strategies.budgetmem.router import (
+    DEFAULT_ROUTER_DIR,
+    lambda_label,
+    router_strategy,
+)
 from pytest_budgetbench.strategies.budgetmem.tiers import (
     AXES,
     AXIS_OPTION,
     DEFAULT_TOP_K,
     TOP_K_OPTION,
 )
+from pytest_budgetbench.tasks import resolve_task
 from pytest_budgetbench.train_environment import (
     PipelineEnvironment,
     load_training_items,
@@ -142,6 +148,9 @@ def training_settings(args: argparse.Namespace) -> Settings:
 def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Callable[[], None]]:
     """The real pipeline on ``args``' task and model; the callable stops what it started."""
     settings = training_settings(args)
+    # torch, the embedder's and the task's packages, and llama.cpp without an endpoint.
+    check_extras(settings, {f"budgetmem@{args.lam}": router_strategy(args.lam)},
+                 {args.task: resolve_task(args.task)})
     args.out.mkdir(parents=True, exist_ok=True)
     launcher = None
     if settings.endpoint:

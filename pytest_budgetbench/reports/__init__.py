@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.errors import Requirement
+
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
     from pytest_budgetbench.reports.extensions import (
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
     )
     from pytest_budgetbench.reports.load import ReportError
     from pytest_budgetbench.reports.tables import Prices, Reference
+
+REQUIREMENTS = (Requirement("numpy", "reports"), Requirement("pandas", "reports"),
+                Requirement("matplotlib", "reports"))
+"""What the tables, gates, plots and HTML import: the ``reports`` extra. A sweep without
+it writes its records and the terminal summary, and says how to build the report later."""
 
 _EXPORTS = {
     "build_report": "builder",
@@ -45,6 +52,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "REQUIREMENTS",
     "ExtraTable",
     "Prices",
     "Reference",

@@ -2,11 +2,13 @@
 
 No pandas on purpose: it runs at every session end, where pandas would cost a second of
 import time. The quality interval is the report's seeded bootstrap (numpy only), over the
-admitted, scored rows of each task, strategy and budget.
+admitted, scored rows of each task, strategy and budget; without numpy (a core install,
+no ``reports`` extra) the interval and the notes on the paired table are left out.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -53,7 +55,7 @@ def cell_stats(
 def _interval(
     scores: list[float], key: tuple[str, str, int], resamples: int, seed: int
 ) -> tuple[float | None, float | None]:
-    if len(scores) < 2:
+    if len(scores) < 2 or resamples < 1:
         return None, None
     from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
 
@@ -125,13 +127,16 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
         terminalreporter.write_line(f"no cells recorded; run directory: {session.store.run_dir}")
         return
     settings = session.settings
-    stats = cell_stats(rows, resamples=settings.resamples, seed=settings.seed)
+    # Without the reports extra (numpy) the interval column is "-"; the rest is plain Python.
+    with_numpy = importlib.util.find_spec("numpy") is not None
+    stats = cell_stats(rows, resamples=settings.resamples if with_numpy else 0,
+                       seed=settings.seed)
     for task in sorted({s.task for s in stats}):
         terminalreporter.write_line(f"task {task}:")
         for line in format_table([s for s in stats if s.task == task]):
             terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows, stats)
-    if session.settings.reference is None:
+    if session.settings.reference is None and with_numpy:
         for line in reference_notes(rows):
             terminalreporter.write_line(line, yellow=True)
     cached = sum(1 for r in rows if r.get("cached"))
@@ -145,6 +150,9 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
     terminalreporter.write_line(f"run directory: {session.store.run_dir}")
     if session.report_dir is not None:
         terminalreporter.write_line(f"report: {session.report_dir / 'report.html'}")
+    elif session.report_missing is not None:
+        terminalreporter.write_line(f"report: not written: {session.report_missing}",
+                                    yellow=True)
 
 
 def reference_notes(rows: list[dict[str, Any]]) -> list[str]:

@@ -111,6 +111,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import Piece, chunk_history, newest_first, piece_text
@@ -405,6 +406,8 @@ class AMem(HistoryStrategy):
     linked notes; see the module docstring."""
 
     name = "amem"
+    requires = (Requirement("chromadb", "amem"),)
+    uses_embedder = True
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.PERSISTENT_STATEFUL})
     declared_options = (AMEM_WINDOW, AMEM_NOTE_TOKENS, AMEM_TOP_K)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import Option
 
@@ -107,6 +108,13 @@ class Strategy(ABC):
     """What the strategy reads from ``context.options``, given as
     ``--budgetbench-strategy-options=KEY=VALUE`` (or an option's own flag); a key no
     strategy of the sweep declares, or a bad value, is a usage error before collection."""
+    requires: ClassVar[tuple[Requirement, ...]] = ()
+    """Optional packages the strategy imports (e.g. ``Requirement("chromadb",
+    "retrieval")``): one that is missing stops a sweep that selects the strategy before
+    any cell, naming the extra."""
+    uses_embedder: ClassVar[bool] = False
+    """Whether the strategy calls ``context.embedder``: the run's embedding model and
+    backend then add their packages to :attr:`requires`."""
 
     context: StrategyContext
 

@@ -52,6 +52,7 @@ class CheckpointContext(HistoryStrategy):
     """Checkpoint of older history + recent tail + query-relevant evidence, by shares."""
 
     name = "checkpoint_context"
+    uses_embedder = True
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
     declared_options = (RAG_CHUNK,)
 

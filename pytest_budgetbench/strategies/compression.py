@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_budgetbench.errors import require
+from pytest_budgetbench.errors import Requirement, require
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import Piece, piece_text, sentence_history
 from pytest_budgetbench.strategies._packing import PROSE, HistoryStrategy, Packer, query_text
@@ -46,6 +46,8 @@ class Compression(HistoryStrategy):
     """Query-focused MMR selection of sentences and phrases from every history message."""
 
     name = "compression"
+    requires = (Requirement("numpy", "retrieval"),)
+    uses_embedder = True
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
 
     def fit(self, head: list[Message], history: list[Message], query: list[Message],

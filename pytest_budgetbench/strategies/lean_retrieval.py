@@ -55,6 +55,7 @@ class LeanRetrieval(ChunkRanking):
     """Hybrid dense + BM25 + recency + salience ranking of chunks, without a vector store."""
 
     name = "lean_retrieval"
+    uses_embedder = True
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
 
     def rank(self, history: Sequence[Message], chunking: Chunking, query: str) -> list[Piece]:

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.errors import ConfigError, MissingDependency, require
+from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement, require
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import newest_first
@@ -348,6 +348,8 @@ class LLMLingua2(HistoryStrategy):
     """The history compressed by LLMLingua-2 to the budget's rate; see the module docstring."""
 
     name = NAME
+    requires = (Requirement("llmlingua", "llmlingua2"), Requirement("torch", "llmlingua2"),
+                Requirement("numpy", "llmlingua2"))
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
     declared_options = (LLMLINGUA2_MODEL, LLMLINGUA2_PASSES)
     record: Record

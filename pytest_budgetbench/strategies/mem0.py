@@ -71,7 +71,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pytest_budgetbench.errors import MissingDependency
+from pytest_budgetbench.errors import MissingDependency, Requirement
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option, choice, positive_int
 from pytest_budgetbench.strategies._chunking import chunk_history, newest_first
@@ -439,6 +439,8 @@ class Mem0(HistoryStrategy):
     """mem0ai's memory built session by session through the auxiliary model; see above."""
 
     name = "mem0"
+    requires = (Requirement("mem0", "mem0", "mem0ai"),)
+    uses_embedder = True
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.PERSISTENT_STATEFUL})
     declared_options = (MEM0_WINDOW, MEM0_ADD)
 

@@ -60,6 +60,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import newest_first
@@ -229,6 +230,8 @@ class MemGPT(HistoryStrategy):
     """Core memory, recursive summary, archival and recall storage, FIFO tail; see above."""
 
     name = "memgpt"
+    requires = (Requirement("chromadb", "memgpt"),)
+    uses_embedder = True
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.PERSISTENT_STATEFUL})
     declared_options = (MEMGPT_WINDOW,)
 

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_budgetbench.errors import MissingDependency
+from pytest_budgetbench.errors import MissingDependency, Requirement
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import Chunking, Piece, piece_text
 from pytest_budgetbench.strategies._packing import ChunkRanking, units_by_chunk_order
@@ -131,6 +131,8 @@ class Rag(ChunkRanking):
     """Dense retrieval of history chunks by similarity to the query, via chromadb."""
 
     name = "rag"
+    requires = (Requirement("chromadb", "retrieval"),)
+    uses_embedder = True
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
 
     def rank(self, history: Sequence[Message], chunking: Chunking, query: str) -> list[Piece]:

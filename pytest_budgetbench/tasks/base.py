@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.errors import ConfigError, Requirement
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile, Option, positive_int
 
@@ -87,6 +87,9 @@ class Task(ABC):
     ``--budgetbench-grader=TASK:VARIANT`` (``TaskOptions.extra["grader_variants"]``) picks
     one; the row's grader id is then ``<grader_version>+<variant>``.
     """
+    requires: ClassVar[tuple[Requirement, ...]] = ()
+    """Optional packages the task imports (e.g. ``Requirement("nltk", "locomo")``): one
+    that is missing stops a sweep that selects the task before any cell, naming the extra."""
 
     def __init__(self, options: TaskOptions) -> None:
         self.options = options

@@ -44,7 +44,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.errors import ConfigError, Requirement
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile, Option
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
@@ -131,6 +131,7 @@ class LoCoMoTask(Task):
     }
     data = DataFile("locomo10.json")
     declared_options = (*Task.declared_options, SAMPLES)
+    requires = (Requirement("nltk", "locomo"),)  # the official F1 stems with nltk
 
     def load(self) -> list[Item]:
         path = resolve_file(self.name, self.options.data_path, ("locomo10.json",))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_budgetbench.errors import ConfigError, MissingDependency
+from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement
 from pytest_budgetbench.options import Option, text
 from pytest_budgetbench.strategies.budgetmem.modules import notes_text
 from pytest_budgetbench.strategies.budgetmem.pipeline import (
@@ -113,6 +113,7 @@ class BudgetMemRouter(BudgetMem):
 
     lam: ClassVar[str] = ""
     declared_options = (*BudgetMem.declared_options, ROUTER_DIR)
+    requires = (Requirement("torch", "budgetmem"),)
 
     def choose(self, module: str, state: State, services: Services) -> Tier:
         directory = self.context.options.get(ROUTER_DIR_OPTION) or DEFAULT_ROUTER_DIR

@@ -43,6 +43,7 @@ class BudgetMem(Strategy):
     """The pipeline with a per-module tier chooser; subclasses choose."""
 
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.RESET_PER_ITEM})
+    uses_embedder = True  # every chunk is embedded, whatever the tier
     declared_options: ClassVar[tuple[Option, ...]] = (AXIS, TOP_K)
     outcome: Outcome | None = None
 
