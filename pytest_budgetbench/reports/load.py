@@ -214,16 +214,17 @@ def fast_loads() -> Callable[[bytes], Any] | None:
 
 def read_run_info(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     """The run.json of each run that has one (settings, for the report's provenance)."""
-    infos = []
-    for run_dir in run_dirs:
-        path = (run_dir.parent if run_dir.is_file() else run_dir) / RUN_FILE
-        try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict):
-            infos.append(info)
-    return infos
+    return [info for info in map(run_info, run_dirs) if info is not None]
+
+
+def run_info(run_dir: Path) -> dict[str, Any] | None:
+    """A run's run.json (its settings and definition), or None when it has none."""
+    path = (run_dir.parent if run_dir.is_file() else run_dir) / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def _aux_call_count(value: object) -> float:
