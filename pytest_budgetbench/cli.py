@@ -77,6 +77,8 @@ def run_report(args: argparse.Namespace) -> int:
                               plots=not args.no_plots)
     except (ReportError, ValueError) as exc:
         return _usage(str(exc))
+    for note in report.notes:
+        print(f"budgetbench: warning: {note}", file=sys.stderr)
     print(f"budgetbench: {len(report.rows)} cells -> {report.out_dir}")
     for path in report.paths.values():
         print(f"  {path}")
