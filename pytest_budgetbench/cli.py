@@ -81,6 +81,8 @@ def run_report(args: argparse.Namespace) -> int:
                               plots=not args.no_plots)
     except (ReportError, ValueError) as exc:
         return _usage(str(exc))
+    for note in report.notes:
+        print(f"budgetbench: warning: {note}", file=sys.stderr)
     print(f"budgetbench: {len(report.rows)} cells -> {report.out_dir}")
     for path in report.paths.values():
         print(f"  {path}")
@@ -223,6 +225,9 @@ def add_regrade_command(subparsers: argparse._SubParsersAction[argparse.Argument
                         help="grader variants instead of upstream's (see the README)")
     parser.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
                         help="a task's data file, when it moved since the run (repeatable)")
+    parser.add_argument("--accept-new-golds", action="store_true",
+                        help="grade rows against their item's gold in the data now, where it "
+                        "differs from the gold the row recorded (refused by default)")
     parser.set_defaults(handler=run_regrade)
 
 
@@ -234,7 +239,8 @@ def run_regrade(args: argparse.Namespace) -> int:
     try:
         variants = parse_grader_variants(args.grader) if args.grader else {}
         data = parse_key_values("--data")(",".join(args.data)) if args.data else {}
-        result = regrade_run(args.run_dir, args.out, variants=variants, data_paths=data)
+        result = regrade_run(args.run_dir, args.out, variants=variants, data_paths=data,
+                             accept_new_golds=args.accept_new_golds)
     except BudgetBenchError as exc:
         return _usage(str(exc))
     for line in format_changes(result):

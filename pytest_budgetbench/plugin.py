@@ -251,6 +251,9 @@ class SweepPlugin:
             pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
         except BudgetBenchError as exc:
             raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+        for note in self.session.notes:
+            if reporter is not None:
+                reporter.write_line(redact(f"budgetbench: warning: {note}"), yellow=True)
 
     def _starting_line(self, reporter: Any) -> Callable[[], None]:
         """The line printed when the embedded server really starts: on the first cache

@@ -4,7 +4,8 @@ Layout of a run directory::
 
     <out>/<run_id>/cells.jsonl     one row per cell (see CellRow)
     <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
-    <out>/<run_id>/run.json        the run's settings, written by the controller
+    <out>/<run_id>/run.json        the run's settings and definition, written by the controller
+    <out>/<run_id>/run.lock        held (flock) by the controller while a session writes the run
 
 Rows are appended with ``O_APPEND`` under an exclusive ``flock``, one ``write`` each, so
 xdist workers can share a file and a crash loses at most the row being written. A torn
@@ -24,7 +25,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.errors import RecordError
+from pytest_budgetbench.errors import ConfigError, RecordError
 
 SCHEMA_VERSION = 2
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
@@ -134,6 +135,7 @@ _REQUIRED: tuple[str, ...] = tuple(
 CELLS_FILE = "cells.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
 RUN_FILE = "run.json"
+LOCK_FILE = "run.lock"
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
 
 
@@ -233,6 +235,39 @@ class RunStore:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Hold the run for this session (the controller's; its xdist workers append under
+        it), so that a second session on the same run, a ``--budgetbench-resume=latest``
+        started meanwhile, is refused instead of recording a second row per cell. The lock
+        (``flock``) goes with the process, so a killed session leaves none behind."""
+        path = self.run_dir / LOCK_FILE
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RecordError(f"cannot open {path} to hold the run: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"run {self.run_dir} is in use by another budgetbench session (pid {holder}); "
+                "wait until it ends and resume then, or start a new run"
+            ) from None
+        with contextlib.suppress(OSError):  # the pid only names the holder (a full disk)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     @property
     def cells_path(self) -> Path:

@@ -7,6 +7,10 @@ directory (default ``RUN_DIR/regraded``; never an existing one), with a copy of
 ``run.json`` that says where they came from, so ``budgetbench report`` reads them as any
 run. Rows that are not ``ok`` (violations, errors) are copied unchanged, and so are
 LLM-judged rows (a judge is a model call).
+
+A row records its item's gold: when the data now gives the item another gold, the
+regrade is refused, naming the item, unless ``accept_new_golds`` grades against the new
+golds (and records them in the re-graded rows).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.config import Settings
+from pytest_budgetbench.definition import same_gold, show
 from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, append_jsonl, read_jsonl
 from pytest_budgetbench.runner import make_task
@@ -50,6 +55,8 @@ class RegradeResult:
     regraded: int
     kept: int
     changes: dict[tuple[str, str, int], CellChange]
+    new_golds: int = 0
+    """Rows graded against a gold that differs from the one they recorded."""
 
 
 def regrade_run(
@@ -58,6 +65,7 @@ def regrade_run(
     *,
     variants: dict[str, str] | None = None,
     data_paths: dict[str, str] | None = None,
+    accept_new_golds: bool = False,
 ) -> RegradeResult:
     """Re-grade ``run_dir``'s rows into ``out_dir`` (see the module docstring)."""
     cells = run_dir / CELLS_FILE if run_dir.is_dir() else run_dir
@@ -87,11 +95,14 @@ def regrade_run(
             change.graders.add(str(new["grader"]))
             row = new
         written.append(row)
+    if graders.new_golds and not accept_new_golds:
+        raise DataError(graders.new_golds_message())
     # Written once all rows are graded: a failure leaves no partial run behind.
     for row in written:
         append_jsonl(out / CELLS_FILE, row)
     _write_run_info(out, info, source, settings)
-    return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes))
+    return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes),
+                         len(graders.new_golds))
 
 
 def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
@@ -118,6 +129,8 @@ class _Graders:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._tasks: dict[str, tuple[Task, dict[str, Item]]] = {}
+        self.new_golds: list[tuple[dict[str, Any], Any]] = []
+        """Rows whose recorded gold the data no longer gives, with the data's gold."""
 
     def regrade(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The row graded again, or None when it is kept as it is."""
@@ -131,9 +144,22 @@ class _Graders:
             raise DataError(f"regrade: row {row.get('cell_id')} names item {row['item_id']!r}, "
                             f"which task {task.name!r} no longer loads from its data; pass "
                             f"--data {task.name}=PATH with the run's data")
+        graded = dict(row)
+        if row.get("gold") is not None and not same_gold(row["gold"], item.answer):
+            self.new_golds.append((row, item.answer))
+            graded["gold"] = item.answer
         grade = task.grade(item, row["prediction"])
-        return {**row, "quality": grade.quality, "extracted": grade.extracted,
+        return {**graded, "quality": grade.quality, "extracted": grade.extracted,
                 "grader": grade.grader}
+
+    def new_golds_message(self) -> str:
+        row, gold = self.new_golds[0]
+        items = {(str(r["task"]), str(r["item_id"])) for r, _ in self.new_golds}
+        more = f" (and {len(items) - 1} more items)" if len(items) > 1 else ""
+        return (f"regrade: task {row['task']!r} item {row['item_id']} was answered against "
+                f"gold {show(row['gold'])}, the data now gives {show(gold)}{more}: the data "
+                "changed since the run; pass --data TASK=PATH with the run's data, or "
+                "--accept-new-golds to grade against the new golds")
 
     def _task(self, name: str) -> tuple[Task, dict[str, Item]]:
         if name not in self._tasks:
@@ -180,6 +206,9 @@ def format_changes(result: RegradeResult) -> Iterable[str]:
     """Lines of old vs new mean quality per task and strategy@budget."""
     yield (f"budgetbench: re-graded {result.regraded} of {result.rows} rows "
            f"({result.kept} kept: not ok, or judged) -> {result.out_dir / CELLS_FILE}")
+    if result.new_golds:
+        yield (f"budgetbench: {result.new_golds} rows were graded against golds that changed "
+               "since the run (--accept-new-golds); their rows record the new gold")
     yield f"{'task':<14} {'strategy@budget':<28} {'n':>5} {'old':>7} {'new':>7} " \
           f"{'delta':>7} {'changed':>7}  grader"
     for (task, strategy, budget), change in sorted(result.changes.items()):

@@ -22,10 +22,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench import preflight, wiring
+from pytest_budgetbench import definition, preflight, wiring
 from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
+from pytest_budgetbench.declared import strategy_values, task_values
 from pytest_budgetbench.errors import (
+    BudgetBenchError,
     ConfigError,
     EmbeddedServerError,
     EndpointError,
@@ -132,6 +134,8 @@ class BudgetBenchSession:
         self._runner: Runner | None = None
         self._counter: TokenCounter | None = None
         """The controller's counter, loaded and tried by the preflight; workers load theirs."""
+        self.notes: list[str] = []
+        """Lines for the terminal once the session started (e.g. a resume not fully checked)."""
 
     # -- controller --------------------------------------------------------------------
     def start(self) -> None:
@@ -150,6 +154,7 @@ class BudgetBenchSession:
             for name, target in (settings.aux_models or {}).items()
         }
         self._counter = preflight.check_tokenizer(settings, self.endpoint)
+        self.store.lock()
         self._write_run_info()
         self.started = True
 
@@ -165,19 +170,88 @@ class BudgetBenchSession:
 
     def _write_run_info(self) -> None:
         assert self.endpoint is not None
+        block = self._definition()
         info = {"run_id": self.run_id, "settings": self.settings.public(),
                 "endpoint": self.endpoint.label, "model": self.endpoint.model,
-                "server_flags": self.endpoint.server_flags, "started": time.time()}
+                "server_flags": self.endpoint.server_flags, "started": time.time(),
+                definition.KEY: block}
         earlier = self._earlier_run_info()
         if earlier is not None:
-            if earlier.get("model") not in (None, info["model"]):
-                raise ConfigError(
-                    f"--budgetbench-resume: run {self.run_id} was made with model "
-                    f"{earlier['model']!r}, this session asks {info['model']!r}; resume with "
-                    "the same model, or start a new run"
-                )
+            self._check_resume(earlier, block)
             info = {**earlier, "resumed": [*earlier.get("resumed", []), time.time()]}
         self.store.write_run_info(info)
+
+    def _definition(self) -> dict[str, Any]:
+        """What defines this run's cells (see :mod:`~pytest_budgetbench.definition`)."""
+        assert self.endpoint is not None
+        settings, catalog = self.settings, self.catalog
+        block = run_definition(settings, self.endpoint.model, self._counter.name
+                               if self._counter else settings.tokenizer)
+        block["settings"]["aux_models"] = {name: e.model
+                                           for name, e in sorted(self.aux_endpoints.items())}
+        for name, entry in block["tasks"].items():
+            task = catalog.task(name)
+            path = task.options.data_path
+            entry["grader"] = task.grader_id
+            entry["data"] = None if path is None else {
+                "path": str(path), "sha256": definition.content_sha256(path)}
+            entry["items"] = {item.item_id: definition.item_digest(
+                item.item_id, item.messages, item.answer, item.category)
+                for item in catalog.items(name)}
+        return block
+
+    def _check_resume(self, earlier: dict[str, Any], current: dict[str, Any]) -> None:
+        """Refuse to resume a run whose cells this session would define otherwise: one
+        line naming the first difference (or the first recorded gold that differs)."""
+        recorded = earlier.get(definition.KEY)
+        if not isinstance(recorded, dict):
+            recorded = self._legacy_definition(earlier)
+            self.notes.append(
+                f"run {self.run_id} was made before run.json recorded a definition: its "
+                "settings were checked, the content of its data files and items could not be")
+            current = {**current, "settings": {**current["settings"],
+                                               "tokenizer": self.settings.tokenizer}}
+        found = definition.differences(recorded, current)
+        if found:
+            raise ConfigError(
+                f"--budgetbench-resume: run {self.run_id} was made with "
+                f"{definition.describe(found, '{what} {old}, this session asks {new}')}; "
+                "resume with the run's settings, or start a new run (drop --budgetbench-resume)")
+        self._check_recorded_golds()
+
+    def _legacy_definition(self, earlier: dict[str, Any]) -> dict[str, Any]:
+        """What a run.json of an older version tells of its definition: its settings
+        (option values as this version reads them), no data or item digests."""
+        recorded = earlier.get("settings") or {}
+        try:
+            block = run_definition(settings_from_record(recorded), earlier.get("model"),
+                                   str(recorded.get("tokenizer", "auto")))
+        except (TypeError, ValueError, ImportError, BudgetBenchError):  # another version's
+            block = {"settings": {"model": earlier.get("model")}}
+        if block["settings"]["model"] is None:  # a run.json that names no model
+            del block["settings"]["model"]
+        return block
+
+    def _check_recorded_golds(self) -> None:
+        """The golds the run's rows recorded must be those of this session's items: a
+        changed seed or data file would otherwise keep old rows under new items' ids."""
+        golds: dict[tuple[Any, Any], Any] = {}
+        for name in self.catalog.names:
+            for item in self.catalog.items(name):
+                golds[(name, item.item_id)] = item.answer
+        changed = [(row, golds[key]) for row in self.recorded.values() if "gold" in row
+                   and (key := (row.get("task"), row.get("item_id"))) in golds
+                   and not definition.same_gold(row["gold"], golds[key])]
+        if changed:
+            row, gold = changed[0]
+            items = {(r["task"], r["item_id"]) for r, _ in changed}
+            more = f" (and {len(items) - 1} more items)" if len(items) > 1 else ""
+            raise ConfigError(
+                f"--budgetbench-resume: run {self.run_id} recorded task '{row['task']}' item "
+                f"{row['item_id']} with gold {definition.show(row['gold'])}, this session's "
+                f"item {row['item_id']} has {definition.show(gold)}{more}: the items changed "
+                "since the run (seed, data or task); resume with the run's settings and data, "
+                "or start a new run (drop --budgetbench-resume)")
 
     def _earlier_run_info(self) -> dict[str, Any] | None:
         path = self.store.run_dir / RUN_FILE
@@ -319,6 +393,7 @@ class BudgetBenchSession:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        self.store.unlock()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -417,6 +492,36 @@ class BudgetBenchSession:
         for cell in cells:
             if cell.cell_id not in self.recorded and cell.cell_id not in self._pending:
                 self._pending[cell.cell_id] = self._pool.submit(runner.run, cell)
+
+
+def run_definition(settings: Settings, model: str | None, tokenizer: str) -> dict[str, Any]:
+    """The definition of a sweep with ``settings``, as far as settings tell it: the
+    session adds each task's grader, data digest and item digests."""
+    block: dict[str, Any] = {"version": definition.VERSION, "settings": {
+        "model": model, "seed": settings.seed, "items": settings.items,
+        "max_tokens": settings.max_tokens, "temperature": settings.temperature,
+        "tokenizer": tokenizer, "grader": dict(sorted((settings.grader or {}).items())),
+        "judge_model": settings.judge_model, "embedding_model": settings.embedding_model,
+        "embedding_backend": settings.embedding_backend}}
+    from pytest_budgetbench.tasks import sweep_tasks
+
+    block["tasks"] = {name: {"options": definition.plain(task_values(cls, settings))}
+                      for name, cls in sweep_tasks(settings.tasks, settings.named_tasks).items()}
+    block["strategies"] = {
+        cls.name: {"options": definition.plain(strategy_values(cls, settings))}
+        for cls in preflight.strategy_classes(settings.strategies).values()}
+    return block
+
+
+def settings_from_record(recorded: dict[str, Any]) -> Settings:
+    """The Settings a run.json recorded (JSON lists back as tuples). Raises TypeError for
+    settings of another version."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(Settings)}
+    values: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
+                              for key, value in recorded.items() if key in known}
+    return Settings(**values)
 
 
 def shard_cells(

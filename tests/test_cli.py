@@ -55,6 +55,51 @@ def test_report_merges_shards_and_takes_options(tmp_path: Path) -> None:
     assert all(r["cost_usd_total"] is not None for r in document["summary"])
 
 
+def test_report_of_two_runs_of_one_sweep_says_which_rows_it_superseded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = write_run(tmp_path / "a", rows(run_id="a"))
+    b = write_run(tmp_path / "b", rows(run_id="b", quality=0.0))
+    assert run([str(a), str(b), "--out", str(tmp_path / "out")]) == EXIT_OK
+    captured = capsys.readouterr()
+    assert "40 cells" in captured.out
+    (line,) = captured.err.splitlines()
+    assert line.startswith("budgetbench: warning: 40 rows superseded: 40 cells are in more "
+                           "than one of the runs given and the last run's row is kept")
+    assert f"memory item i0 full_context@2000 of {a} by {b}'s" in line
+    assert "to compare runs use budgetbench diff" in line
+
+
+def test_report_of_a_run_with_two_final_rows_of_a_cell_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    resumed = [make_row(item_id="i0", strategy="trunc", budget=500, status="error",
+                        quality=None), *rows()]
+    twice = write_run(tmp_path / "twice", [*resumed, make_row(item_id="i3", strategy="trunc",
+                                                             budget=500)])
+    assert run([str(twice)]) == EXIT_OK
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"budgetbench: warning: 1 final rows superseded: {twice} recorded "
+                           "cells more than once as ok or violation (e.g. memory item i3 "
+                           "trunc@500;")
+
+
+def test_report_warns_when_merged_runs_differ_in_definition(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    all_rows = rows()
+    a = write_run(tmp_path / "a", all_rows[:20])
+    b = write_run(tmp_path / "b", all_rows[20:])
+    for run_dir, model in ((a, "small"), (b, "large")):
+        (run_dir / "run.json").write_text(json.dumps({"definition": {
+            "settings": {"model": model, "seed": 0}, "tasks": {}, "strategies": {}}}))
+    assert run([str(a), str(b), "--out", str(tmp_path / "out")]) == EXIT_OK
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (f"budgetbench: warning: {a} and {b} are merged as runs of one sweep but "
+                    "differ in model: 'small' in the first, 'large' in the second; report "
+                    "them apart, or compare them with budgetbench diff")
+
+
 def test_violation_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = write_run(tmp_path / "run", rows(violations=4))
     assert run([str(run_dir), "--max-violation-rate", "0.25"]) == EXIT_OK

@@ -88,3 +88,20 @@ def test_imported_records_run_as_a_sweep(
     assert [row["quality"] for row in rows_of(tmp_path)] == [1.0] * 4
     sent = fake_endpoint.requests[0]["messages"]
     assert json.dumps(sent).count("[tool call]") == 1
+
+
+def test_two_chats_of_one_id_are_an_error_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chat = {"id": "c1", "messages": [{"role": "user", "content": "my dog is Rex"}]}
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps([chat, {"id": "c2", "messages": chat["messages"]},
+                                  {**chat, "messages": [{"role": "user", "content": "cat"}]}]))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"chat_id": "c1", "question": "Dog?", "answer": "Rex"}))
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path / "out.jsonl")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == (f"budgetbench: error: import-chats: {export} record 2: chat id 'c1' is also "
+                   "record 0's; give each chat its own id\n")
+    assert not (tmp_path / "out.jsonl").exists()

@@ -85,3 +85,45 @@ def test_regrade_with_a_variant(run_dir: Path, tmp_path: Path,
 def test_regrade_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["regrade", str(tmp_path)]) == 2
     assert "no cells.jsonl" in capsys.readouterr().err
+
+
+def _with_golds(run_dir: Path, data: Path, chief_answer: str) -> None:
+    """Rows that record their gold (schema 2), and data whose answer for CHIEF_ID is now
+    ``chief_answer``."""
+    rows = [{**row, "schema": 2, "gold": "yes" if row["item_id"] == YES_ID
+             else "Chief of Protocol"} for row in read_jsonl(run_dir / "cells.jsonl")]
+    (run_dir / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = [{**r, "answer": chief_answer} if r["_id"] == CHIEF_ID else r
+               for r in hotpotqa_records()]
+    write_json(data, records)
+
+
+def test_regrade_refuses_rows_whose_gold_the_data_no_longer_gives(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _with_golds(run_dir, tmp_path / "hotpot_dev_distractor_v1.json", "Consul General")
+    assert main(["regrade", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"budgetbench: error: regrade: task 'hotpotqa' item {CHIEF_ID} was answered "
+                   "against gold 'Chief of Protocol', the data now gives 'Consul General': the "
+                   "data changed since the run; pass --data TASK=PATH with the run's data, or "
+                   "--accept-new-golds to grade against the new golds\n")
+    assert not (run_dir / "regraded").exists()
+
+
+def test_regrade_with_accept_new_golds_grades_against_them_and_says_so(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _with_golds(run_dir, tmp_path / "hotpot_dev_distractor_v1.json", "Consul General")
+    assert main(["regrade", str(run_dir), "--accept-new-golds"]) == 0
+    assert "1 rows were graded against golds that changed since the run" in \
+        capsys.readouterr().out
+    rows = {r["cell_id"]: r for r in read_jsonl(run_dir / "regraded" / "cells.jsonl")}
+    assert rows["c2"]["gold"] == "Consul General" and rows["c2"]["quality"] == 0.0
+
+
+def test_regrade_of_rows_whose_gold_the_data_still_gives_goes_on(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    _with_golds(run_dir, tmp_path / "hotpot_dev_distractor_v1.json", "Chief of Protocol")
+    assert main(["regrade", str(run_dir)]) == 0

@@ -12,6 +12,8 @@ import pytest
 from pytest_budgetbench.cli import main
 from pytest_budgetbench.reports.diff import diff_runs
 from pytest_budgetbench.reports.synthetic import synthetic_rows, write_prompts, write_run
+from tests.fake_openai import FakeOpenAI
+from tests.test_sweep_resilience import runs_in, sweep
 
 pytest.importorskip("pandas")
 
@@ -108,3 +110,78 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "have no cell (task, strategy@budget) in common" in err
     assert "qa: full_context@256" in err
+
+
+# -- only the same items pair ---------------------------------------------------------------
+def _define(run: Path, **settings: Any) -> None:
+    """A run.json whose definition holds these settings (and one memory item)."""
+    block = {"version": 1, "settings": {"model": "m", "seed": 0, **settings},
+             "tasks": {"memory": {"options": {"history_tokens": 2000}, "items": {"0000": "ab"}}}}
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "definition": block}))
+
+
+def test_runs_of_another_seed_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_a, run_b = run_pair(tmp_path)
+    _define(run_a, seed=0)
+    _define(run_b, seed=1)
+    assert main(["diff", str(run_a), str(run_b), "--resamples=50"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert (f"{run_a} and {run_b} hold different items: --budgetbench-seed 0 in A, 1 in B; "
+            "diff two runs of the same items") in err
+
+
+def test_runs_whose_items_differ_in_data_or_options_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_a, run_b = run_pair(tmp_path)
+    _define(run_a)
+    _define(run_b)
+    info = json.loads((run_b / "run.json").read_text())
+    info["definition"]["tasks"]["memory"]["options"]["history_tokens"] = 4000
+    (run_b / "run.json").write_text(json.dumps(info))
+    assert main(["diff", str(run_a), str(run_b), "--resamples=50"]) == 2
+    assert "task 'memory' option history_tokens 2000 in A, 4000 in B" in capsys.readouterr().err
+
+
+def test_another_model_is_what_a_diff_compares(tmp_path: Path) -> None:
+    run_a, run_b = run_pair(tmp_path)
+    _define(run_a, model="small", max_tokens=32)
+    _define(run_b, model="large", max_tokens=64)
+    assert main(["diff", str(run_a), str(run_b), "--resamples=50"]) == 0
+
+
+def test_rows_of_one_item_id_with_other_golds_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = synthetic_rows(items=3, strategies=("truncation",), budgets=(512,))
+    a = write_run(tmp_path / "a", [{**r, "gold": f"gold of {r['item_id']}"} for r in rows])
+    b = write_run(tmp_path / "b", [
+        {**r, "gold": "Porto" if r["item_id"] == rows[0]["item_id"] else f"gold of {r['item_id']}"}
+        for r in rows])
+    assert main(["diff", str(a), str(b), "--resamples=50"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert (f"hold different items under the same ids: task 'memory' item "
+            f"{rows[0]['item_id']} has gold 'gold of {rows[0]['item_id']}' in A, 'Porto' in B"
+            in err)
+
+
+def test_diff_of_runs_with_other_seeds_is_refused_and_of_other_models_is_not(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sweep(pytester, fake_endpoint, tmp_path)
+    sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-seed=1")
+    sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-model=other-model")
+    seed_0, seed_1, other_model = runs_in(tmp_path)
+    capsys.readouterr()
+    assert main(["diff", str(seed_0), str(seed_1), "--resamples=50"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"budgetbench: error: {seed_0} and {seed_1} hold different items: "
+                          "--budgetbench-seed 0 in A, 1 in B (and ")
+    assert err.endswith("; diff two runs of the same items (the same tasks, seed, data and "
+                        "task options), e.g. one sweep with another model or strategy\n")
+    assert main(["diff", str(seed_0), str(other_model), "--resamples=50"]) == 0

@@ -186,3 +186,140 @@ def test_under_xdist_an_items_cells_stay_on_one_worker(
     assert set().union(*workers.values()) == {"gw0", "gw1"}
     # Identical prompts were sent once, across both workers.
     assert len(fake_endpoint.requests) == 8
+
+
+# -- a resume is of the same run: what defines a cell must match ---------------------------
+def _refused(result: pytest.RunResult) -> str:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    (line,) = [line for line in result.stderr.lines if "budgetbench:" in line]
+    return line
+
+
+@pytest.mark.parametrize(("first", "then", "named"), [
+    ("--budgetbench-seed=0", "--budgetbench-seed=1", "--budgetbench-seed 0, this session asks 1"),
+    ("--budgetbench-memory-history=500", "--budgetbench-memory-history=1500",
+     "task 'memory' option history_tokens 500, this session asks 1500"),
+    ("--budgetbench-max-tokens=32", "--budgetbench-max-tokens=64",
+     "--budgetbench-max-tokens 32, this session asks 64"),
+])
+def test_resume_with_a_setting_that_defines_cells_changed_is_refused_in_one_line(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path, first: str,
+    then: str, named: str,
+) -> None:
+    sweep(pytester, fake_endpoint, tmp_path, first)
+    (run,) = runs_in(tmp_path)
+    rows, info = rows_in(run), (run / "run.json").read_text()
+    line = _refused(sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest",
+                          then))
+    assert f"run {run.name} was made with {named}" in line
+    assert "resume with the run's settings, or start a new run" in line
+    assert rows_in(run) == rows and (run / "run.json").read_text() == info
+
+
+def test_resume_may_change_settings_that_leave_cells_as_they_are(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-strategies=truncation")
+    result = sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest",
+                   "--budgetbench-concurrency=2", "--budgetbench-timeout=60",
+                   "--budgetbench-audit=hash", "--budgetbench-retries=1",
+                   "--budgetbench-strategies=truncation,full_context")
+    result.assert_outcomes(passed=9, xfailed=3)
+    (run,) = runs_in(tmp_path)
+    assert len(rows_in(run)) == 12
+
+
+def test_run_json_records_the_definition_of_its_cells(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"id": "q1", "history": [{"role": "user", "content": "Rex"}],
+                                "question": "Dog?", "answer": "Rex"}) + "\n")
+    sweep(pytester, fake_endpoint, tmp_path, f"--budgetbench-tasks=memory,c=jsonl(path={data})")
+    (run,) = runs_in(tmp_path)
+    block = json.loads((run / "run.json").read_text())["definition"]
+    assert block["settings"]["seed"] == 0 and block["settings"]["model"] == "fake-model"
+    assert block["settings"]["tokenizer"] == "approx-chars/4"
+    assert block["tasks"]["memory"]["options"]["history_tokens"] == 2000
+    assert sorted(block["tasks"]["memory"]["items"]) == ["0000", "0001", "0002"]
+    assert block["tasks"]["memory"]["data"] is None
+    import hashlib
+
+    assert block["tasks"]["c"]["data"] == {
+        "path": str(data), "sha256": hashlib.sha256(data.read_bytes()).hexdigest()}
+
+
+def test_resume_after_the_data_file_changed_is_refused(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    data = tmp_path / "chats.jsonl"
+    record = {"id": "q1", "history": [{"role": "user", "content": "my dog is Rex"}],
+              "question": "Dog?", "answer": "Rex"}
+    data.write_text(json.dumps(record) + "\n")
+    task = f"--budgetbench-tasks=c=jsonl(path={data})"
+    sweep(pytester, fake_endpoint, tmp_path, task)
+    data.write_text(json.dumps({**record, "answer": "Max"}) + "\n")
+    line = _refused(sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest",
+                          task))
+    assert f"was made with task 'c' data {data} of sha256 '" in line
+    assert "this session asks '" in line
+
+
+def _forget_definition(run: Path) -> None:
+    """Make run.json look like one written before run definitions."""
+    info = json.loads((run / "run.json").read_text())
+    del info["definition"]
+    (run / "run.json").write_text(json.dumps(info))
+
+
+def test_resume_of_an_older_run_checks_its_settings_and_says_what_it_cannot_check(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-memory-history=500")
+    (run,) = runs_in(tmp_path)
+    _forget_definition(run)
+    line = _refused(sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest"))
+    assert "task 'memory' option history_tokens 500, this session asks 2000" in line
+    result = sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest",
+                   "--budgetbench-memory-history=500")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([f"*warning: run {run.name} was made before run.json recorded "
+                                 "a definition*could not be*"])
+
+
+def test_resume_whose_rows_recorded_other_golds_is_refused_naming_the_item(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    sweep(pytester, fake_endpoint, tmp_path)
+    (run,) = runs_in(tmp_path)
+    _forget_definition(run)  # an older run: only its rows can tell
+    rows = rows_in(run)
+    rows = [{**r, "gold": ["Denver", "Lisbon"]} if r["item_id"] == "0001" else r for r in rows]
+    (run / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = _refused(sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest"))
+    assert "recorded task 'memory' item 0001 with gold [\"Denver\", \"Lisbon\"]" in line
+    assert "the items changed since the run" in line
+
+
+def test_a_run_in_use_by_another_session_is_refused(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    import os
+
+    from pytest_budgetbench.records import RunStore
+
+    sweep(pytester, fake_endpoint, tmp_path)
+    (run,) = runs_in(tmp_path)
+    rows = rows_in(run)
+    other = RunStore(run)
+    other.lock()  # another session, resuming the same run
+    try:
+        line = _refused(sweep(pytester, fake_endpoint, tmp_path,
+                              "--budgetbench-resume=latest"))
+    finally:
+        other.unlock()
+    assert f"run {run} is in use by another budgetbench session (pid {os.getpid()})" in line
+    assert rows_in(run) == rows
+    result = sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest")
+    result.assert_outcomes(passed=9, xfailed=3)
+

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench import definition
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
@@ -67,6 +68,9 @@ class Report:
     extensions: list[ReportExtension] = field(default_factory=list)
     viewer_rows: int = viewer.MAX_ROWS
     """Rows the report.html viewer holds at most (0: no viewer)."""
+    notes: list[str] = field(default_factory=list)
+    """What the merge of several runs did that a reader should know (superseded rows,
+    runs of different definitions): one line each, for the console command to print."""
 
 
 def build_report(
@@ -97,7 +101,9 @@ def build_report(
     ref = tables.Reference.parse(reference)
     run_dirs = [Path(p) for p in run_dirs]
     chosen = report_extensions() if extensions is None else list(extensions)
-    rows = load.load(run_dirs, row_fields(chosen))
+    notes: list[str] = []
+    rows = load.load(run_dirs, row_fields(chosen), notes=notes)
+    notes += definition_notes(run_dirs)
     if ref.strategy is not None and not rows.empty and not (rows["strategy"] == ref.strategy).any():
         raise ValueError(
             f"reference {reference!r} names no strategy in these records; "
@@ -110,9 +116,24 @@ def build_report(
                                        prices=prices)
     report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
                     extra_tables=_extra_tables(chosen, rows), extensions=chosen,
-                    viewer_rows=viewer_rows)
+                    viewer_rows=viewer_rows, notes=notes)
     _write(report, with_plots=plots, reference=ref)
     return report
+
+
+def definition_notes(run_dirs: Sequence[Path]) -> list[str]:
+    """A line for each run whose definition (run.json) differs from the first run's in what
+    defines a cell: merged, their rows would count as one sweep's."""
+    infos = [(run, (load.run_info(run) or {}).get(definition.KEY)) for run in run_dirs]
+    defined = [(run, block) for run, block in infos if isinstance(block, dict)]
+    notes = []
+    for run, block in defined[1:]:
+        found = definition.differences(defined[0][1], block)
+        if found:
+            differ = definition.describe(found, "{what}: {old} in the first, {new} in the second")
+            notes.append(f"{defined[0][0]} and {run} are merged as runs of one sweep but differ "
+                         f"in {differ}; report them apart, or compare them with budgetbench diff")
+    return notes
 
 
 def row_fields(extensions: Sequence[ReportExtension]) -> list[str] | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pytest_budgetbench import definition
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.stats import DEFAULT_RESAMPLES, bootstrap_cis, cell_rng
@@ -38,7 +39,7 @@ COLUMNS: tuple[str, ...] = (
 
 
 class DiffError(ValueError):
-    """The two runs cannot be compared (no cell in common)."""
+    """The two runs cannot be compared (no cell in common, or not the same items)."""
 
 
 @dataclass
@@ -70,7 +71,9 @@ def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
               seed: int = 0) -> RunDiff:
     """Pair the cells of two runs item by item. Raises ReportError for a missing run
     directory and DiffError when the runs share no cell."""
-    frames = [_item_frame(load.load([Path(run)])) for run in (run_a, run_b)]
+    loaded = [load.load([Path(run)]) for run in (run_a, run_b)]
+    _check_same_items(Path(run_a), Path(run_b), *loaded)
+    frames = [_item_frame(rows) for rows in loaded]
     common = _common_cells(*frames, run_a=run_a, run_b=run_b)
     merged = frames[0].merge(frames[1], on=ITEM_KEY, suffixes=("_a", "_b"))
     records: list[dict[str, Any]] = []
@@ -99,6 +102,50 @@ def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
         cells.append(viewer.ViewerCell("A", task, strategy, budget))
         cells.append(viewer.ViewerCell("B", task, strategy, budget, ref=len(cells) - 1))
     return RunDiff(Path(run_a), Path(run_b), table, flips, resamples, seed, cells)
+
+
+SAME_ITEMS = ("diff two runs of the same items (the same tasks, seed, data and task options), "
+              "e.g. one sweep with another model or strategy")
+
+
+def _check_same_items(run_a: Path, run_b: Path, rows_a: pd.DataFrame, rows_b: pd.DataFrame
+                      ) -> None:
+    """Refuse to pair items that are not the same: the runs' definitions (run.json) must
+    agree on what makes the items, and rows of one item id must record one gold."""
+    found = definition.differences(_items_definition(run_a), _items_definition(run_b),
+                                   items_only=True)
+    if found:
+        raise DiffError(f"{run_a} and {run_b} hold different items: "
+                        f"{definition.describe(found, '{what} {old} in A, {new} in B')}; "
+                        f"{SAME_ITEMS}")
+    golds_a = _golds(rows_a)
+    changed = [(key, gold, golds_a[key]) for key, gold in _golds(rows_b).items()
+               if key in golds_a and not definition.same_gold(golds_a[key], gold)]
+    if changed:
+        (task, item_id), gold_b, gold_a = changed[0]
+        more = f" (and {len(changed) - 1} more items)" if len(changed) > 1 else ""
+        raise DiffError(f"{run_a} and {run_b} hold different items under the same ids: task "
+                        f"{task!r} item {item_id} has gold {definition.show(gold_a)} in A, "
+                        f"{definition.show(gold_b)} in B{more}; {SAME_ITEMS}")
+
+
+def _items_definition(run: Path) -> dict[str, Any]:
+    """A run's definition; for a run.json without one, its recorded seed."""
+    info = load.run_info(run) or {}
+    if isinstance(info.get(definition.KEY), dict):
+        return dict(info[definition.KEY])
+    settings = info.get("settings")
+    return {"settings": {"seed": settings["seed"]}} if isinstance(settings, dict) \
+        and "seed" in settings else {}
+
+
+def _golds(rows: pd.DataFrame) -> dict[tuple[str, str], Any]:
+    """The gold each (task, item) recorded (rows of schema 2 on)."""
+    if "gold" not in rows.columns:
+        return {}
+    return {(task, item): gold for task, item, gold
+            in zip(rows["task"], rows["item_id"], rows["gold"], strict=True)
+            if gold is not None and not (isinstance(gold, float) and math.isnan(gold))}
 
 
 def _item_frame(rows: pd.DataFrame) -> pd.DataFrame:

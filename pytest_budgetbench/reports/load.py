@@ -65,11 +65,14 @@ def cells_path(run_dir: Path) -> Path:
     return run_dir if run_dir.is_file() else run_dir / CELLS_FILE
 
 
-def load(run_dirs: Sequence[Path], fields: Iterable[str] | None = None) -> pd.DataFrame:
+def load(run_dirs: Sequence[Path], fields: Iterable[str] | None = None, *,
+         notes: list[str] | None = None) -> pd.DataFrame:
     """The merged, de-duplicated rows of the given runs (shards, repeats, resumes).
 
     ``fields`` keeps those row fields besides :data:`REPORT_FIELDS`, which are always
     kept; None keeps every field (the schema's, and any other key of the first 1,000 rows).
+    ``notes`` gets a line for rows that another run's row of the same cell superseded,
+    and for cells a run recorded twice as final (see :func:`superseded_notes`).
     """
     paths = [_cells_file(run_dir) for run_dir in run_dirs]
     with _collector_paused():
@@ -78,8 +81,14 @@ def load(run_dirs: Sequence[Path], fields: Iterable[str] | None = None) -> pd.Da
                                     for row in block))
         else:
             columns = report_columns(fields)
-        blocks = [_typed(rows, columns) for path in paths for rows in row_blocks(path) if rows]
-    merged = _merged(blocks or [_typed([], columns)])
+        blocks = []
+        for index, path in enumerate(paths):
+            for rows in row_blocks(path):
+                if rows:
+                    blocks.append(_typed(rows, columns))
+                    if len(paths) > 1:  # which run each row is from, for the notes
+                        blocks[-1][_SOURCE] = index
+    merged = _merged(blocks or [_typed([], columns)], notes, [str(p) for p in run_dirs])
     del blocks
     _return_freed_memory()
     return merged
@@ -241,16 +250,17 @@ def fast_loads() -> Callable[[bytes], Any] | None:
 
 def read_run_info(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
     """The run.json of each run that has one (settings, for the report's provenance)."""
-    infos = []
-    for run_dir in run_dirs:
-        path = (run_dir.parent if run_dir.is_file() else run_dir) / RUN_FILE
-        try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(info, dict):
-            infos.append(info)
-    return infos
+    return [info for info in map(run_info, run_dirs) if info is not None]
+
+
+def run_info(run_dir: Path) -> dict[str, Any] | None:
+    """A run's run.json (its settings and definition), or None when it has none."""
+    path = (run_dir.parent if run_dir.is_file() else run_dir) / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def _aux_call_count(value: object) -> float:
@@ -308,7 +318,8 @@ def _shared(column: pd.Series) -> pd.Series:
     return pd.Series(values, index=column.index, dtype=column.dtype, name=column.name)
 
 
-def _merged(blocks: list[pd.DataFrame]) -> pd.DataFrame:
+def _merged(blocks: list[pd.DataFrame], notes: list[str] | None = None,
+            runs: Sequence[str] = ()) -> pd.DataFrame:
     import pandas as pd
 
     if len(blocks) == 1:
@@ -322,8 +333,50 @@ def _merged(blocks: list[pd.DataFrame]) -> pd.DataFrame:
                 df[name] = df[name].infer_objects()
     duplicate = df.duplicated(subset=list(CELL_KEY), keep="last")
     if duplicate.any():  # resumed cells: keep their last row (no copy when there are none)
+        if notes is not None:
+            notes.extend(superseded_notes(df, duplicate, runs))
         df = df.loc[~duplicate]
+    if _SOURCE in df.columns:
+        del df[_SOURCE]  # in place: a copy of every column would double the peak
     return df.reset_index(drop=True)
+
+
+_SOURCE = "_budgetbench_run"
+"""A column load() adds while it merges several runs: the index of each row's run."""
+FINAL_STATUSES = ("ok", "violation")
+
+
+def superseded_notes(df: pd.DataFrame, duplicate: pd.Series, runs: Sequence[str]
+                     ) -> list[str]:
+    """Lines for the rows the merge drops that were not a resumed cell's earlier error:
+    rows of a cell that a later run given holds too, and a run's second final row."""
+    notes = []
+    key = list(CELL_KEY)
+    if _SOURCE in df.columns:
+        kept = df.groupby(key, sort=False, observed=True)[_SOURCE].transform("last")
+        across = duplicate & (df[_SOURCE] != kept)
+    else:
+        across = duplicate & False
+    if across.any():
+        first = df.loc[across].iloc[0]
+        replaced_by = runs[int(kept[across].iloc[0])]
+        cells = len(df.loc[across, key].drop_duplicates())
+        notes.append(
+            f"{int(across.sum())} rows superseded: {cells} cells are in more than one of the "
+            f"runs given and the last run's row is kept for each (e.g. {first['task']} item "
+            f"{first['item_id']} {first['strategy']}@{first['budget']} of "
+            f"{runs[int(first[_SOURCE])]} by {replaced_by}'s); merging is for shards and "
+            "resumes of one run: to compare runs use budgetbench diff RUN_A RUN_B")
+    twice = duplicate & ~across & df["status"].isin(FINAL_STATUSES)
+    if twice.any():
+        first = df.loc[twice].iloc[0]
+        where = runs[int(first[_SOURCE])] if _SOURCE in df.columns else (runs or ["the run"])[0]
+        notes.append(
+            f"{int(twice.sum())} final rows superseded: {where} recorded cells more than once "
+            f"as ok or violation (e.g. {first['task']} item {first['item_id']} "
+            f"{first['strategy']}@{first['budget']}; two sessions ran it at once?); the last "
+            "row of each is kept")
+    return notes
 
 
 def _columns(rows: Iterable[dict[str, Any]]) -> dict[str, None]:

@@ -102,10 +102,15 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 def _chats(path: Path) -> list[tuple[str, list[Message]]]:
     chats = []
+    seen: dict[str, str] = {}
     for index, (where, chat) in enumerate(_entries(path, "chats")):
         if not isinstance(chat.get("messages"), list):
             raise DataError(f"import-chats: {path} {where}: a chat needs a 'messages' list")
         chat_id = str(chat.get("id", index))
+        if chat_id in seen:  # a question could not say which chat it is about
+            raise DataError(f"import-chats: {path} {where}: chat id {chat_id!r} is also "
+                            f"{seen[chat_id]}'s; give each chat its own id")
+        seen[chat_id] = where
         messages = [m for m in (_flat(path, where, i, m) for i, m in
                                 enumerate(chat["messages"])) if m is not None]
         chats.append((chat_id, messages))
