@@ -570,6 +570,30 @@ def failed_start_then_resume(workdir: Path, items: int = 4) -> FaultTally:
         fake.stop()
 
 
+def dripping_reply(workdir: Path, items: int = 1) -> tuple[FaultTally, list[dict]]:
+    """The first reply drips in, a byte a second for ten minutes, under
+    --budgetbench-timeout=1 --budgetbench-retries=1: its cell errors (the timeout bounds
+    the whole request), the sweep goes on. Returns the tally and the error rows."""
+    fake = FakeOpenAI().start()
+    try:
+        fake.faults = ["drip"]
+        out = prepare(workdir) / "out"
+        command = sweep_command(fake.base_url, out, items, "--budgetbench-timeout=1",
+                                "--budgetbench-retries=1")
+        started = time.monotonic()
+        try:  # a guard against the hang, not a measure of time
+            code = run_sweep(workdir, command, timeout=180)
+        except subprocess.TimeoutExpired:
+            code = -int(signal.SIGKILL)
+        run_dir = only_run(out)
+        result = tally("dripping reply", 1, run_dir, expected_cells(items), code,
+                       time.monotonic() - started, secrets_in=workdir)
+        rows = _rows(run_dir / "cells.jsonl") if run_dir else []
+        return result, [r for r in rows if r["status"] == "error"]
+    finally:
+        fake.stop()
+
+
 def all_scenarios(root: Path) -> list[FaultTally]:
     full = disk_full(root / "disk")
     return [
@@ -584,5 +608,6 @@ def all_scenarios(root: Path) -> list[FaultTally]:
         misbehaving_strategies(root / "plugins"),
         same_name_strategies(root / "same-name")[0],
         failed_start_then_resume(root / "failed-start"),
+        dripping_reply(root / "drip")[0],
         *([full[0]] if full else []),
     ]
