@@ -418,6 +418,8 @@ class SweepPlugin:
         from pytest_budgetbench.reports.terminal import write_summary
 
         write_summary(terminalreporter, self.session)
+        for line in self.session.cache_rejections():
+            terminalreporter.write_line(f"budgetbench: {line}", yellow=True)
         endpoint = self.session.endpoint
         if endpoint is not None and endpoint.embedded and not self.session.server_needed:
             terminalreporter.write_line("budgetbench: the embedded model was not started: the "

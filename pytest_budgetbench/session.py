@@ -128,6 +128,8 @@ class BudgetBenchSession:
         self._runner: Runner | None = None
         self._counter: TokenCounter | None = None
         """The controller's counter, loaded and tried by the preflight; workers load theirs."""
+        self.created = time.time()
+        """When this process's session began: cache entries rejected since are this run's."""
 
     # -- controller --------------------------------------------------------------------
     def start(self) -> None:
@@ -137,6 +139,7 @@ class BudgetBenchSession:
         (or a DataError, an EndpointError) names the first problem."""
         settings = self.settings
         preflight.check_sweep(settings, self.catalog, self.cells)
+        wiring.check_caches(settings, self.store.run_dir)
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
         else:
@@ -305,6 +308,10 @@ class BudgetBenchSession:
             elif time.monotonic() - last_change > stall_s:
                 return missing
             time.sleep(0.2)
+
+    def cache_rejections(self) -> list[str]:
+        """A line per cache file whose entries failed their checksum during this run."""
+        return wiring.cache_rejections(self.settings, self.store.run_dir, self.created)
 
     def stop(self) -> None:
         if self._pool is not None:
