@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_budgetbench.deadline import DeadlineClients, RequestTimeout
 from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
 from pytest_budgetbench.messages import Message, text_of
@@ -428,6 +429,8 @@ class ServerCounter(TokenCounter):
     exact = True
     verifies_additivity = False  # a thousand probe requests would cost more than they save
     ROUTES: tuple[str, ...] = ("/tokenize", "/extras/tokenize")
+    TIMEOUT_S = 30.0
+    """The longest one count may take, answer included (see :mod:`~pytest_budgetbench.deadline`)."""
 
     def __init__(
         self, base_url: str, model: str, api_key: str | None = None, route: str | None = None
@@ -444,8 +447,10 @@ class ServerCounter(TokenCounter):
         root = bare_url.rstrip("/")
         root = root[: -len("/v1")] if root.endswith("/v1") else root
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=root, headers=headers, params=query,
-                                    timeout=30.0)
+        self._clients: DeadlineClients[httpx.Client] = DeadlineClients(
+            lambda: httpx.Client(base_url=root, headers=headers, params=query,
+                                 timeout=self.TIMEOUT_S),
+            close=httpx.Client.close)
         self._model = model
         self._route: str | None = None
         if route is not None:
@@ -472,7 +477,7 @@ class ServerCounter(TokenCounter):
         for route in self.ROUTES:
             try:
                 payload = self._text_payload(route, "probe")
-                response = self._client.post(route, json=payload)
+                response = self._send(route, payload)
                 if response.status_code == 200:
                     body = response.json()
                     if self._read_count(route, body) is not None:
@@ -480,7 +485,7 @@ class ServerCounter(TokenCounter):
                         return
                     llama_cpp |= route == "/tokenize" and "tokens" in body
                 tried.append(f"{route}: HTTP {response.status_code}")
-            except (httpx.HTTPError, ValueError) as exc:  # unreachable, or not JSON
+            except (httpx.HTTPError, ValueError, RequestTimeout) as exc:  # unreachable, not JSON
                 tried.append(f"{route}: {type(exc).__name__}")
         hint = (
             "it answers like a llama.cpp server, which renders no chat template there: pass "
@@ -489,6 +494,12 @@ class ServerCounter(TokenCounter):
             "use --budgetbench-tokenizer=hf:PATH (exact) or approx for this endpoint"
         )
         raise TokenizerError(f"no tokenizer route answered ({'; '.join(tried)}); {hint}")
+
+    def _send(self, route: str, payload: dict[str, Any]) -> Any:
+        """POST ``payload`` to ``route``; RequestTimeout when the answer, all of it, takes
+        longer than :attr:`TIMEOUT_S`."""
+        return self._clients.call(lambda client: client.post(route, json=payload),
+                                  self.TIMEOUT_S)
 
     def _text_payload(self, route: str, text: str) -> dict[str, Any]:
         if route == "/extras/tokenize":
@@ -512,13 +523,13 @@ class ServerCounter(TokenCounter):
         route = self._route
         assert route is not None
         try:
-            response = self._client.post(route, json=payload)
+            response = self._send(route, payload)
             response.raise_for_status()
             count = self._read_count(route, response.json())
             if count is None:
                 raise ValueError(f"no token count in the answer of {route}")
             return count
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, RequestTimeout) as exc:
             # HTTP errors keep their status (a 401 is not "no route"); the rest is an
             # answer without a count.
             from pytest_budgetbench.redact import first_line, redact

@@ -10,6 +10,15 @@ died (SIGKILL, say) is taken over.
 A reply served from the store keeps the latency of the call that produced it, and says
 ``cached=True``, so tables report the model's real speed.
 
+Nothing stored is trusted blindly. Every entry (a reply here, a token count, a vector in
+:mod:`~pytest_budgetbench.embeddings.store`) carries a checksum of its key's inputs and its
+value; an entry that fails it is a miss: it is deleted, noted in the file's ``rejected``
+table (the run's summary counts them) and made again. Entries written before checksums
+existed have none and are treated the same way, once: they are replaced by checked ones.
+A file that cannot be used (not a database, damaged, made by something else) is a
+:class:`~pytest_budgetbench.errors.CacheError` naming it and how to reset it; the session
+checks the files it will use before its first cell (:meth:`SharedDatabase.check`).
+
 Modes (``--budgetbench-cache``):
 
 - ``on``: the store at ``--budgetbench-cache-path`` (default ``<out>/responses.sqlite``)
@@ -30,17 +39,31 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.errors import CacheError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model import ChatModel, Completion, redact_url
 
 CACHE_FILE = "responses.sqlite"
 
-_SCHEMA = """
+CHECKSUM_COLUMN = "checksum"
+"""The column every entry's checksum is kept in (added to tables made before it existed)."""
+REJECTED = {"checksum": "failed its checksum", "unchecked": "had no checksum (older format)"}
+"""Why an entry was rejected, as the ``rejected`` table and the run's summary say it."""
+
+REJECTED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rejected (
+    key TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    seen REAL NOT NULL
+);
+"""
+
+_SCHEMA = REJECTED_SCHEMA + """
 CREATE TABLE IF NOT EXISTS responses (
     key TEXT PRIMARY KEY,
     text TEXT NOT NULL,
@@ -48,7 +71,8 @@ CREATE TABLE IF NOT EXISTS responses (
     completion_tokens INTEGER,
     latency_s REAL NOT NULL,
     run_id TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    checksum TEXT
 );
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY,
@@ -70,6 +94,17 @@ def request_key(endpoint: str, model: str, params: dict[str, Any],
         sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def entry_checksum(*parts: object) -> str:
+    """The checksum of a stored entry: sha256 over its key's inputs and its value, each
+    part typed and length-prefixed so that no two entries share one by accident."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else repr(part).encode("utf-8")
+        digest.update(type(part).__name__.encode() + b":" + len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()[:32]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -98,41 +133,172 @@ def _switch_to_wal(db: sqlite3.Connection, attempts: int = 50) -> None:
 
 class SharedDatabase:
     """One SQLite file shared by threads, xdist workers and runs: a connection per thread,
-    WAL (readers never block), and ``BEGIN IMMEDIATE`` transactions."""
+    WAL (readers never block), and ``BEGIN IMMEDIATE`` transactions.
+
+    The file is opened on first use, not when this object is made: a file that cannot be
+    used raises :class:`CacheError` there (inside a cell, whose row then says so), and
+    :meth:`check` raises it up front. Any SQLite failure later is a CacheError too."""
+
+    label = "cache"
+    """What the file is, in messages ("response cache")."""
+    reset_hint = ""
+    """Another way out than deleting the file, in messages (an option to point elsewhere)."""
 
     def __init__(self, path: Path, schema: str) -> None:
         self.path = path
+        self._schema = schema
         self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db().executescript(schema)
+        self._ready = False
+        self._ready_lock = threading.Lock()
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-            _switch_to_wal(db)
-            db.execute("PRAGMA synchronous=NORMAL")
+            db = self._connect()
             self._local.db = db
         return db
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
+    def _connect(self) -> sqlite3.Connection:
+        with self._failing("cannot be opened"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            try:
+                _switch_to_wal(db)
+                db.execute("PRAGMA synchronous=NORMAL")
+                with self._ready_lock:
+                    if not self._ready:
+                        self._prepare(db)
+                        self._ready = True
+            except BaseException:
+                db.close()
+                raise
+        return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        """Make the tables, add the checksum column to tables made before it, and refuse a
+        file whose tables are not this cache's (another program's database)."""
+        expected = _columns_of(self._schema)
         db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
+            found = {name for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")
+                if not name.startswith("sqlite_")}
+            strangers = sorted(found - set(expected))
+            if strangers:
+                raise CacheError(self.describe(
+                    f"it holds tables this cache never makes ({', '.join(strangers)})"))
+            for statement in self._schema.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            for table, columns in expected.items():
+                have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+                if CHECKSUM_COLUMN in columns and have == [c for c in columns
+                                                          if c != CHECKSUM_COLUMN]:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {CHECKSUM_COLUMN} TEXT")
+                elif have != columns:
+                    raise CacheError(self.describe(
+                        f"its table '{table}' has columns {have}, not {columns}"))
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 
+    def describe(self, problem: str) -> str:
+        """One line: which file, what is wrong, and how to reset it."""
+        hint = f", or {self.reset_hint}" if self.reset_hint else ""
+        return (f"the {self.label} {self.path} cannot be used: {problem}; delete it (and "
+                f"any {self.path.name}-wal and {self.path.name}-shm beside it) to start an "
+                f"empty one{hint}")
+
+    @contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        """SQLite's failures (and the file system's) as one CacheError naming the file."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            raise CacheError(self.describe(f"it {what} ({type(exc).__name__}: {exc})")) from None
+
+    def check(self) -> None:
+        """Open the file and run SQLite's quick integrity check: a CacheError, now, for a
+        file that is not a database, is damaged, or belongs to something else."""
+        with self._failing("fails SQLite's integrity check"):
+            problems = [row[0] for row in self._db().execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise CacheError(self.describe(
+                f"it fails SQLite's integrity check ({'; '.join(problems[:3])})"))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        with self._failing("cannot be written"):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _read(self, query: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        with self._failing("cannot be read"):
+            return list(self._db().execute(query, args))
+
+    def _reject(self, db: sqlite3.Connection, key: str, reason: str) -> None:
+        """Note (inside a transaction) that the entry ``key`` was rejected for ``reason``."""
+        db.execute("INSERT OR REPLACE INTO rejected VALUES (?, ?, ?)", (key, reason, time.time()))
+
+    def rejected_since(self, since: float) -> dict[str, int]:
+        """Entries rejected at or after ``since`` (a time.time()), by reason (see REJECTED)."""
+        rows = self._read("SELECT reason, COUNT(*) FROM rejected WHERE seen >= ? GROUP BY reason",
+                          (since,))
+        return {str(reason): int(count) for reason, count in rows}
 
 
-_COUNTS_SCHEMA = """
+AS_BYTES = "CAST({} AS BLOB)"
+"""Read a TEXT column as its bytes: a flipped byte can make it invalid UTF-8, which
+SQLite's driver refuses to decode (an error, where a checksum miss is the answer)."""
+
+
+SAME_CHECKSUM = "CAST(checksum AS BLOB) IS ?"
+"""Deletes the rejected entry (its checksum's bytes, as read), not a good one another
+process stored since."""
+
+
+def text_of_bytes(raw: bytes | None) -> str | None:
+    """A TEXT column read with AS_BYTES, decoded; bytes that are not UTF-8 survive as
+    surrogates, so the entry fails its checksum instead of failing the read."""
+    return None if raw is None else bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def rejection(stored: str | None, expected: str) -> str | None:
+    """Why an entry with checksum ``stored`` is rejected (a key of REJECTED), or None."""
+    if stored is None:
+        return "unchecked"
+    return None if stored == expected else "checksum"
+
+
+_COLUMNS: dict[str, dict[str, list[str]]] = {}
+
+
+def _columns_of(schema: str) -> dict[str, list[str]]:
+    """The tables ``schema`` makes and their columns, in order (read from SQLite itself)."""
+    if schema not in _COLUMNS:
+        with closing(sqlite3.connect(":memory:")) as db:
+            db.executescript(schema)
+            tables = [name for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+            _COLUMNS[schema] = {table: [row[1] for row in db.execute(
+                f"PRAGMA table_info({table})")] for table in tables}
+    return _COLUMNS[schema]
+
+
+_COUNTS_SCHEMA = REJECTED_SCHEMA + """
 CREATE TABLE IF NOT EXISTS counts (
     space TEXT NOT NULL,
     key TEXT NOT NULL,
     tokens INTEGER NOT NULL,
+    checksum TEXT,
     PRIMARY KEY (space, key)
 ) WITHOUT ROWID;
 """
@@ -145,25 +311,43 @@ class CountDatabase(SharedDatabase):
     is a function of its key, so nothing in it goes stale and xdist workers that write the
     same count at once each insert or ignore (:class:`~pytest_budgetbench.budget.CountStore`)."""
 
+    label = "token-count cache"
+
     def __init__(self, path: Path) -> None:
         super().__init__(path, _COUNTS_SCHEMA)
 
     def lookup(self, space: str, key: str) -> int | None:
-        row = self._db().execute(
-            "SELECT tokens FROM counts WHERE space = ? AND key = ?", (space, key)).fetchone()
-        return None if row is None else int(row[0])
+        """The stored count, or None (absent, or rejected by its checksum: counted again)."""
+        rows = self._read(f"SELECT tokens, {AS_BYTES.format('checksum')} FROM counts "
+                          "WHERE space = ? AND key = ?", (space, key))
+        if not rows:
+            return None
+        tokens, raw_checksum = rows[0]
+        reason = rejection(text_of_bytes(raw_checksum), entry_checksum(space, key, tokens))
+        if reason is None:
+            return int(tokens)
+        with self._transaction() as db:
+            db.execute(f"DELETE FROM counts WHERE space = ? AND key = ? AND {SAME_CHECKSUM}",
+                       (space, key, raw_checksum))
+            self._reject(db, f"{space}/{key}", reason)
+        return None
 
     def save(self, space: str, counts: Mapping[str, int]) -> None:
         with self._transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO counts VALUES (?, ?, ?)",
-                           ((space, key, tokens) for key, tokens in counts.items()))
+            db.executemany(
+                "INSERT OR IGNORE INTO counts VALUES (?, ?, ?, ?)",
+                ((space, key, int(tokens), entry_checksum(space, key, int(tokens)))
+                 for key, tokens in counts.items()))
 
     def count(self) -> int:
-        return int(self._db().execute("SELECT COUNT(*) FROM counts").fetchone()[0])
+        return int(self._read("SELECT COUNT(*) FROM counts")[0][0])
 
 
 class ResponseStore(SharedDatabase):
     """Replies and in-flight claims in one SQLite file (WAL: readers never block)."""
+
+    label = "response cache"
+    reset_hint = "pass --budgetbench-cache-path=NEW.sqlite"
 
     def __init__(self, path: Path, *, run_id: str, this_run_only: bool = False,
                  stale_after_s: float = 3600.0) -> None:
@@ -178,17 +362,29 @@ class ResponseStore(SharedDatabase):
         return f"{self._host}:{os.getpid()}:{threading.get_ident()}"
 
     def lookup(self, key: str) -> Completion | None:
-        query = "SELECT text, prompt_tokens, completion_tokens, latency_s FROM responses " \
-                "WHERE key = ?"
+        """The stored reply, or None: absent, or rejected by its checksum (a flipped byte
+        in a reply is never served; the request is sent again)."""
+        query = (f"SELECT {AS_BYTES.format('text')}, prompt_tokens, completion_tokens, "
+                 f"latency_s, {AS_BYTES.format('checksum')} FROM responses WHERE key = ?")
         args: tuple[str, ...] = (key,)
         if self.this_run_only:
             query += " AND run_id = ?"
             args += (self.run_id,)
-        found = self._db().execute(query, args).fetchone()
-        if found is None:
+        rows = self._read(query, args)
+        if not rows:
             return None
-        text, prompt_tokens, completion_tokens, latency_s = found
-        return Completion(text, prompt_tokens, completion_tokens, latency_s, cached=True)
+        raw_text, prompt_tokens, completion_tokens, latency_s, raw_checksum = rows[0]
+        text, checksum = text_of_bytes(raw_text), text_of_bytes(raw_checksum)
+        reason = rejection(checksum, _reply_checksum(key, text, prompt_tokens,
+                                                    completion_tokens, latency_s))
+        if reason is None:
+            assert text is not None
+            return Completion(text, prompt_tokens, completion_tokens, latency_s, cached=True)
+        with self._transaction() as db:
+            db.execute(f"DELETE FROM responses WHERE key = ? AND {SAME_CHECKSUM}",
+                       (key, raw_checksum))
+            self._reject(db, key, reason)
+        return None
 
     def claim(self, key: str) -> bool:
         """Take the right to send ``key``'s request; False while a live owner holds it."""
@@ -209,15 +405,24 @@ class ResponseStore(SharedDatabase):
     def store(self, key: str, completion: Completion) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, completion.text, completion.prompt_tokens, completion.completion_tokens,
-                 completion.latency_s, self.run_id, time.time()),
+                 completion.latency_s, self.run_id, time.time(),
+                 _reply_checksum(key, completion.text, completion.prompt_tokens,
+                                 completion.completion_tokens, float(completion.latency_s))),
             )
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
     def release(self, key: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
+
+
+def _reply_checksum(key: str, text: str | None, prompt_tokens: object,
+                    completion_tokens: object, latency_s: object) -> str:
+    """A reply's checksum: its key (the digest of the request) and every stored field, as
+    stored (a REAL column gives back a float, so the store side passes one)."""
+    return entry_checksum(key, text, prompt_tokens, completion_tokens, latency_s)
 
 
 class CachingChatModel:

@@ -8,6 +8,7 @@
     │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
     ├── RecordError            a row could not be written whole (disk full, short write)
+    ├── CacheError             a cache file (replies, counts, vectors) cannot be used
     └── EndpointError          the model endpoint failed: never an answer to grade
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
@@ -65,6 +66,11 @@ class TokenizerError(BudgetBenchError):
 
 class RecordError(BudgetBenchError):
     """A record could not be written whole: the file was cut back to its last full line."""
+
+
+class CacheError(BudgetBenchError):
+    """A cache file cannot be opened, read or written (not a database, damaged, foreign);
+    the message names the file and how to reset it."""
 
 
 class EndpointError(BudgetBenchError):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench import gguf_models
+from pytest_budgetbench.deadline import DeadlineClients, RequestTimeout
 from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.redact import (
@@ -138,6 +139,8 @@ class RequestSlots:
 class ChatModel:
     """Chat completions through the ``openai`` client, retried with backoff and jitter.
 
+    ``timeout`` bounds each request as a whole, from the first byte sent to the last byte
+    of the reply (a reply that drips in, or never ends, times out like a silent server).
     429s, 5xx, timeouts and dropped connections are retried up to ``attempts`` times,
     honouring ``Retry-After`` up to the request timeout and ``max_backoff_s``; a server
     that asks for a longer wait ends the call. After that, and for any malformed reply,
@@ -180,11 +183,13 @@ class ChatModel:
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.slots = slots
-        self._client_lock = threading.Lock()
-        self._openai_client: Any = None
+        self._url_lock = threading.Lock()
+        self._clients: DeadlineClients[Any] = DeadlineClients(self._new_client,
+                                                              close=_close_client)
         if self._find_url is None:
-            self._client()
+            self._clients.give_back(self._new_client())
         self._retryable: tuple[type[Exception], ...] = (
+            RequestTimeout,  # the whole request's deadline passed
             openai.APIConnectionError,  # includes APITimeoutError
             openai.RateLimitError,
             openai.InternalServerError,
@@ -197,36 +202,43 @@ class ChatModel:
 
         self._completion_type = ChatCompletion
 
-    def _client(self) -> Any:
-        """The openai client, built once; for a callable ``base_url`` its first call (which
-        may start a server, and raises EndpointError when that fails) gives the URL."""
-        with self._client_lock:
-            if self._openai_client is None:
-                import openai
+    def _url(self) -> str:
+        """The endpoint's URL; for a callable ``base_url`` its first call (which may start
+        a server, and raises EndpointError when that fails) gives it, once."""
+        with self._url_lock:
+            if self._find_url is not None and not self.base_url:
+                self.base_url = self._find_url()
+                register_url(self.base_url)
+            return self.base_url
 
-                if self._find_url is not None:
-                    self.base_url = self._find_url()
-                    register_url(self.base_url)
-                # Our own retry loop owns backoff, so the client's is off.
-                bare_url, query = request_target(self.base_url, self._api_key)
-                self._openai_client = openai.OpenAI(
-                    base_url=bare_url, api_key=self._api_key or "not-needed",
-                    timeout=self.timeout, max_retries=0, default_query=query or None,
-                )
-            return self._openai_client
+    def _new_client(self) -> Any:
+        """An openai client: one per request in flight (see :mod:`~pytest_budgetbench.
+        deadline`), each reused by later requests unless its request ran out of time."""
+        import openai
+
+        # Our own retry loop owns backoff, so the client's is off. Its timeout bounds each
+        # read and write; the request as a whole is bounded by DeadlineClients.
+        bare_url, query = request_target(self._url(), self._api_key)
+        return openai.OpenAI(
+            base_url=bare_url, api_key=self._api_key or "not-needed",
+            timeout=self.timeout, max_retries=0, default_query=query or None,
+        )
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
-        client = self._client()
+        self._url()  # a server started on demand starts here, outside the request's deadline
+        body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
+                "temperature": self.temperature, "seed": self.seed}
+
+        def post(client: Any) -> Any:
+            return client.post("/chat/completions", cast_to=self._completion_type, body=body)
+
         for attempt in range(1, self.attempts + 1):
             try:
                 with self.slots.hold() if self.slots else contextlib.nullcontext():
                     started = time.perf_counter()
-                    response = client.post(
-                        "/chat/completions", cast_to=self._completion_type,
-                        body={"model": self.model, "messages": list(messages),
-                              "max_tokens": max_tokens, "temperature": self.temperature,
-                              "seed": self.seed},
-                    )
+                    # The timeout bounds the whole request: a reply that drips in, or never
+                    # ends, is a timeout like a server that never answers.
+                    response = self._clients.call(post, self.timeout)
                     latency_s = time.perf_counter() - started
             except self._retryable as exc:
                 if attempt == self.attempts:
@@ -264,9 +276,12 @@ class ChatModel:
         return min(cap, self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
 
     def _describe_failure(self, exc: Exception, attempt: int) -> str:
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
+        if isinstance(exc, RequestTimeout):
+            reason += " (--budgetbench-timeout bounds the whole request, reply included)"
         return redact(
             f"model endpoint {redact_url(self.base_url)} failed after {attempt} attempt(s): "
-            f"{type(exc).__name__}: {first_line(exc)}"
+            f"{reason}"
         )
 
     def _malformed(self, what: str) -> str:
@@ -293,6 +308,10 @@ class ChatModel:
         )
 
 
+def _close_client(client: Any) -> None:
+    client.close()
+
+
 def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
     """The model ids an endpoint serves; raises EndpointError (one redacted line) when it
     cannot be reached. A query string in ``base_url`` is sent as query parameters."""
@@ -302,9 +321,10 @@ def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) ->
     register_secret(api_key)
     bare_url, query = request_target(base_url, api_key)
     url = bare_url.rstrip("/") + "/models"
+    clients = DeadlineClients(lambda: httpx.Client(timeout=timeout), close=httpx.Client.close)
     try:
-        response = httpx.get(url, headers=_auth_headers(api_key), params=query or None,
-                             timeout=timeout)
+        response = clients.call(lambda client: client.get(
+            url, headers=_auth_headers(api_key), params=query or None), timeout)
         response.raise_for_status()
         return [str(entry["id"]) for entry in response.json().get("data", [])]
     except httpx.HTTPStatusError as exc:
@@ -312,6 +332,8 @@ def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) ->
         reason = f"HTTP {status} {exc.response.reason_phrase} from {redact_url(url)}"
     except Exception as exc:  # any failure to list models means the endpoint is unusable
         reason = f"{type(exc).__name__}: {first_line(exc)}"
+    finally:
+        clients.close()
     raise EndpointError(redact(
         f"model endpoint {redact_url(base_url)} is not usable ({reason}); "
         "check --budgetbench-endpoint / BUDGETBENCH_ENDPOINT and that the server is up"

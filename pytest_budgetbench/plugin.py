@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -210,6 +212,7 @@ class SweepPlugin:
         self.session = session
         self.finish_error = ""
         self.progress: SweepProgress | None = None
+        self._restore_sigterm: Callable[[], None] = lambda: None
 
     @property
     def distributed(self) -> bool:
@@ -225,6 +228,7 @@ class SweepPlugin:
         # xdist's workers need the endpoint when they start; without xdist it waits for
         # collection, so `pytest tests/test_x.py` with ini budgets starts no model.
         if self.controller and self.distributed:
+            self._restore_sigterm = _stop_workers_on_sigterm()
             self._start()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -288,6 +292,7 @@ class SweepPlugin:
             self._expect_ids([i for i in ids if i.startswith("budgetbench::cell[")])
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._restore_sigterm()
         self.session.stop()
 
     # -- --budgetbench-concurrency without xdist: cells run ahead in threads ------------
@@ -426,12 +431,36 @@ class SweepPlugin:
         from pytest_budgetbench.reports.terminal import write_summary
 
         write_summary(terminalreporter, self.session)
+        for line in self.session.cache_rejections():
+            terminalreporter.write_line(f"budgetbench: {line}", yellow=True)
         endpoint = self.session.endpoint
         if endpoint is not None and endpoint.embedded and not self.session.server_needed:
             terminalreporter.write_line("budgetbench: the embedded model was not started: the "
                                         "response cache held every reply this run needed")
         if self.finish_error:
             terminalreporter.write_line(self.finish_error, red=True, bold=True)
+
+
+def _stop_workers_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM stop an xdist controller as Ctrl-C does, so that it tears its workers
+    down (xdist interrupts a worker's cell, and kills a worker that does not stop) and
+    exits after them: a worker never outlives it to append a row. Without this SIGTERM
+    ends the controller at once, and each worker finishes its model call and appends its
+    row to a run that has ended. A second SIGTERM ends it at once. Returns what undoes it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    found = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if found is None else found
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, previous)
+        raise KeyboardInterrupt("budgetbench: SIGTERM: stopping the xdist workers, then exiting")
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return restore
 
 
 def _is_cell_item(item: pytest.Item) -> bool:

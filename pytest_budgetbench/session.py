@@ -136,6 +136,8 @@ class BudgetBenchSession:
         """The controller's counter, loaded and tried by the preflight; workers load theirs."""
         self.notes: list[str] = []
         """Lines for the terminal once the session started (e.g. a resume not fully checked)."""
+        self.created = time.time()
+        """When this process's session began: cache entries rejected since are this run's."""
 
     # -- controller --------------------------------------------------------------------
     def start(self) -> None:
@@ -145,6 +147,7 @@ class BudgetBenchSession:
         (or a DataError, an EndpointError) names the first problem."""
         settings = self.settings
         preflight.check_sweep(settings, self.catalog, self.cells)
+        wiring.check_caches(settings, self.store.run_dir)
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
         else:
@@ -391,6 +394,10 @@ class BudgetBenchSession:
             elif time.monotonic() - last_change > stall_s:
                 return missing
             time.sleep(0.2)
+
+    def cache_rejections(self) -> list[str]:
+        """A line per cache file whose entries failed their checksum during this run."""
+        return wiring.cache_rejections(self.settings, self.store.run_dir, self.created)
 
     def stop(self) -> None:
         self.store.unlock()

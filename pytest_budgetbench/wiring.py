@@ -21,7 +21,7 @@ from pytest_budgetbench.runner import Catalog, Endpoint, Runner
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
-    from pytest_budgetbench.cache import ResponseStore
+    from pytest_budgetbench.cache import ResponseStore, SharedDatabase
     from pytest_budgetbench.launcher import Launcher, ServerLauncher
     from pytest_budgetbench.strategies import Embedder
 
@@ -156,19 +156,73 @@ def open_response_store(path: Path, run_id: str, *,
     return ResponseStore(path, run_id=run_id, this_run_only=this_run_only)
 
 
-def session_response_store(settings: Settings, run_dir: Path,
-                           run_id: str) -> ResponseStore | None:
-    """The response cache of --budgetbench-cache, or None when replies are sampled."""
+def response_store_path(settings: Settings, run_dir: Path) -> Path | None:
+    """The response cache's file under --budgetbench-cache, or None when replies are sampled."""
     from pytest_budgetbench.cache import CACHE_FILE
 
     mode = settings.cache_mode
     if mode is None:
         return None
     if mode == "off":
-        path = run_dir / CACHE_FILE
-    else:
-        path = Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
-    return open_response_store(path, run_id, this_run_only=mode == "refresh")
+        return run_dir / CACHE_FILE
+    return Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
+
+
+def session_response_store(settings: Settings, run_dir: Path,
+                           run_id: str) -> ResponseStore | None:
+    """The response cache of --budgetbench-cache, or None when replies are sampled."""
+    path = response_store_path(settings, run_dir)
+    if path is None:
+        return None
+    return open_response_store(path, run_id, this_run_only=settings.cache_mode == "refresh")
+
+
+def existing_caches(settings: Settings, run_dir: Path) -> list[SharedDatabase]:
+    """The cache files this run may read that exist already: replies, token counts and
+    vectors (not opened yet)."""
+    from pytest_budgetbench.cache import COUNTS_FILE, CountDatabase, ResponseStore
+    from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
+
+    stores: list[SharedDatabase] = []
+    responses = response_store_path(settings, run_dir)
+    if responses is not None and responses.exists():
+        stores.append(ResponseStore(responses, run_id=run_dir.name))
+    counts = derived_store_path(settings, run_dir, COUNTS_FILE)
+    if counts.exists():
+        stores.append(CountDatabase(counts))
+    vectors = derived_store_path(settings, run_dir, STORE_FILE)
+    if vectors.exists():
+        stores.append(VectorStore(vectors))
+    return stores
+
+
+def check_caches(settings: Settings, run_dir: Path) -> None:
+    """Before the first cell: a cache file this run would read that cannot be used (not a
+    database, damaged, another program's) is one CacheError naming it and how to reset it."""
+    for store in existing_caches(settings, run_dir):
+        store.check()
+
+
+def cache_rejections(settings: Settings, run_dir: Path, since: float) -> list[str]:
+    """One line per cache file in which entries were rejected (failed their checksum, or had
+    none) since ``since``: each was a miss, made again, never used."""
+    from pytest_budgetbench.cache import REJECTED
+    from pytest_budgetbench.errors import CacheError
+
+    lines = []
+    for store in existing_caches(settings, run_dir):
+        try:
+            rejected = store.rejected_since(since)
+        except CacheError as exc:
+            lines.append(str(exc))
+            continue
+        if rejected:
+            counts = "; ".join(f"{count} {'entry' if count == 1 else 'entries'} "
+                               f"{REJECTED.get(reason, reason)}"
+                               for reason, count in sorted(rejected.items()))
+            lines.append(f"{store.label} {store.path}: {counts}; each was treated as a miss "
+                         "and made again")
+    return lines
 
 
 def make_chat(settings: Settings, endpoint: Endpoint, *,

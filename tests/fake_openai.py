@@ -11,6 +11,10 @@ run, ``server.inject(rate, kinds, seed)`` makes each request fail with probabili
 instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, and
 ``max_in_flight`` records the most requests it was ever serving at once.
 
+``"drip"`` is a whole reply, padded to ``drip_bytes``, sent one byte every ``drip_s``
+seconds: no single read ever waits long, yet the reply takes minutes. Every answer of a
+route in ``drip_routes`` (e.g. ``{"/models", "/tokenize"}``) drips the same way.
+
 ``"429:<value>"`` is a 429 whose ``Retry-After`` is ``<value>`` (``inf``, ``3600``, an
 HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
 ``Authorization`` header back, as some servers do. ``queries`` holds each request's query
@@ -28,12 +32,34 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import text_of
 
 Responder = Callable[[list[dict[str, Any]]], str]
+T = TypeVar("T")
+
+
+def returning_within(limit_s: float, call: Callable[[], T]) -> T:
+    """``call()``'s value or exception, failing the test when it is still running after
+    ``limit_s`` seconds: a guard against a hang (a dripping reply), not a timing assertion."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # re-raised in the test's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"still waiting after {limit_s:g} s"
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def reading_responder(messages: list[dict[str, Any]]) -> str:
@@ -64,6 +90,9 @@ class FakeOpenAI:
         self.injected: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.drip_s = 1.0
+        self.drip_bytes = 600
+        self.drip_routes: set[str] = set()
         self.tokenize_routes: set[str] = set()
         """Tokenizer routes it serves: "vllm" (/tokenize, messages in, count out),
         "extras" (llama-cpp-python's /extras/tokenize, text in, tokens out), "llama.cpp"
@@ -120,6 +149,10 @@ class FakeOpenAI:
                 pass
 
             def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None):
+                if status == 200 and self.path.split("?")[0].rstrip("/").endswith(
+                        tuple(fake.drip_routes)):
+                    self._drip(body)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -127,6 +160,21 @@ class FakeOpenAI:
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _drip(self, body: bytes) -> None:
+                """A 200 whose body comes one byte at a time, until the client hangs up."""
+                body = body.ljust(fake.drip_bytes)  # JSON allows trailing whitespace
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    for index in range(len(body)):
+                        self.wfile.write(body[index:index + 1])
+                        self.wfile.flush()
+                        time.sleep(fake.drip_s)
+                except OSError:  # the client gave up: that is the point
+                    self.close_connection = True
 
             def _route(self) -> str:
                 parts = urllib.parse.urlsplit(self.path)
@@ -195,6 +243,8 @@ class FakeOpenAI:
                 elif fault == "timeout":
                     time.sleep(fake.timeout_s)
                     self._send(200, self._completion(payload))
+                elif fault == "drip":
+                    self._drip(self._completion(payload))
                 elif fault == "malformed":
                     self._send(200, b'{"choices": [ {"mess')
                 elif fault == "none":

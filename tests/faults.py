@@ -270,6 +270,73 @@ def under_xdist(workdir: Path, items: int = 6, rate: float = 0.2) -> FaultTally:
         fake.stop()
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc): xdist's workers."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _row_count(out: Path) -> int:
+    cells = _cells_file(out)
+    return cells.read_bytes().count(b"\n") if cells else 0
+
+
+def sigterm_under_xdist(workdir: Path, items: int = 4) -> tuple[int, int, FaultTally]:
+    """SIGTERM the controller of ``-n 2`` while its workers wait on slow model calls (3 s
+    each, less than the 5 s execnet gives a worker whose controller went away). Workers
+    used to finish their call and append its row after the controller had exited.
+    Returns the rows when the controller exited, the rows once every worker is gone, and
+    the tally of an immediate resume (a healthy endpoint)."""
+    fake = FakeOpenAI().start()
+    try:
+        fake.latency_s = 3.0
+        out = prepare(workdir) / "out"
+        command = sweep_command(fake.base_url, out, items, "-n", "2")
+        process = subprocess.Popen(command, cwd=workdir, env=_env(workdir),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not fake.in_flight and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            workers = _children(process.pid)
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        at_exit = _row_count(out)
+        deadline = time.monotonic() + 120  # a guard: today's workers end with their call
+        while any(map(_running, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = _row_count(out)
+        fake.latency_s = 0.0
+        started = time.monotonic()
+        code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
+        resumed = tally("SIGTERM under xdist, resume", 0, run_dir_of(out),
+                        expected_cells(items), code, time.monotonic() - started,
+                        secrets_in=workdir)
+        return at_exit, after, resumed
+    finally:
+        fake.stop()
+
+
 def endpoint_down(workdir: Path) -> tuple[FaultTally, str]:
     """No server at the endpoint: one clear error before any cell runs."""
     from pytest_budgetbench.model import free_port
@@ -570,6 +637,30 @@ def failed_start_then_resume(workdir: Path, items: int = 4) -> FaultTally:
         fake.stop()
 
 
+def dripping_reply(workdir: Path, items: int = 1) -> tuple[FaultTally, list[dict]]:
+    """The first reply drips in, a byte a second for ten minutes, under
+    --budgetbench-timeout=1 --budgetbench-retries=1: its cell errors (the timeout bounds
+    the whole request), the sweep goes on. Returns the tally and the error rows."""
+    fake = FakeOpenAI().start()
+    try:
+        fake.faults = ["drip"]
+        out = prepare(workdir) / "out"
+        command = sweep_command(fake.base_url, out, items, "--budgetbench-timeout=1",
+                                "--budgetbench-retries=1")
+        started = time.monotonic()
+        try:  # a guard against the hang, not a measure of time
+            code = run_sweep(workdir, command, timeout=180)
+        except subprocess.TimeoutExpired:
+            code = -int(signal.SIGKILL)
+        run_dir = only_run(out)
+        result = tally("dripping reply", 1, run_dir, expected_cells(items), code,
+                       time.monotonic() - started, secrets_in=workdir)
+        rows = _rows(run_dir / "cells.jsonl") if run_dir else []
+        return result, [r for r in rows if r["status"] == "error"]
+    finally:
+        fake.stop()
+
+
 def all_scenarios(root: Path) -> list[FaultTally]:
     full = disk_full(root / "disk")
     return [
@@ -584,5 +675,6 @@ def all_scenarios(root: Path) -> list[FaultTally]:
         misbehaving_strategies(root / "plugins"),
         same_name_strategies(root / "same-name")[0],
         failed_start_then_resume(root / "failed-start"),
+        dripping_reply(root / "drip")[0],
         *([full[0]] if full else []),
     ]

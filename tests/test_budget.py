@@ -21,7 +21,7 @@ from pytest_budgetbench.budget import (
 )
 from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
 from pytest_budgetbench.messages import Message
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, returning_within
 
 
 class WordCounter(TokenCounter):
@@ -271,6 +271,20 @@ def test_server_counter_finds_the_route_the_endpoint_answers(
         assert (counter.route, counter.exact, counter.name) == (route, exact, f"server:{route}")
     finally:
         server.stop()
+
+
+def test_a_dripping_tokenize_answer_is_a_tokenizer_error_naming_the_timeout() -> None:
+    server = _served({"vllm"})
+    server.drip_routes = {"/tokenize"}  # one byte a second: minutes, no read waits long
+    try:
+        counter = ServerCounter(server.base_url, server.model, route="/tokenize")
+        counter.TIMEOUT_S = 1.0
+        with pytest.raises(TokenizerError) as info:
+            returning_within(60, lambda: counter.count_text("one two three"))
+    finally:
+        server.stop()
+    assert "/tokenize route failed (RequestTimeout: no complete reply within 1 s)" in str(
+        info.value)
 
 
 @pytest.mark.parametrize(

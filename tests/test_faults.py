@@ -42,6 +42,27 @@ def test_xdist_workers_share_records_and_lose_nothing(tmp_path: Path) -> None:
     assert result.completed == result.cells - 2 * len(faults.BUDGETS), errors
 
 
+def test_a_reply_dripping_in_past_the_timeout_errors_its_cell_and_the_sweep_goes_on(
+    tmp_path: Path,
+) -> None:
+    result, errors = faults.dripping_reply(tmp_path)
+    assert result.clean and result.exit_code == pytest.ExitCode.TESTS_FAILED, result
+    crashed = [r for r in errors if "injected strategy crash" in (r["error"] or "")]
+    (timed_out,) = [r for r in errors if r not in crashed]
+    assert "no complete reply within 1 s" in timed_out["error"]
+    assert "--budgetbench-timeout" in timed_out["error"] and timed_out["prediction"] is None
+    assert result.completed == result.cells - len(errors)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_no_xdist_worker_appends_a_row_after_a_sigtermed_controller_exited(
+    tmp_path: Path,
+) -> None:
+    at_exit, after, resumed = faults.sigterm_under_xdist(tmp_path)
+    assert after == at_exit  # the controller exited after its workers, not before
+    assert resumed.clean and resumed.completed + resumed.errored == resumed.cells, resumed
+
+
 def test_an_endpoint_down_at_start_is_one_clear_error_before_any_cell(tmp_path: Path) -> None:
     result, output = faults.endpoint_down(tmp_path)
     assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.completed == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from pytest_budgetbench.errors import EndpointError
 from pytest_budgetbench.model import ChatModel, Completion, free_port, probe_endpoint
 from pytest_budgetbench.runner import redact_url
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, returning_within
 
 SECRET = "sk-secret-123"
 QUESTION = [
@@ -108,6 +109,43 @@ def test_one_timeout_then_success(fake: FakeOpenAI) -> None:
     completion = _model(fake, attempts=2, timeout=0.2).complete(QUESTION, max_tokens=8)
     assert completion.text == "Biscuit"
     assert len(fake.requests) == 2
+
+
+def test_a_reply_that_drips_in_past_the_timeout_is_an_error_naming_the_timeout(
+    fake: FakeOpenAI,
+) -> None:
+    fake.faults = ["drip"]  # 600 bytes, one a second: ten minutes, no read ever waits 1 s
+    with pytest.raises(EndpointError) as info:
+        returning_within(60, lambda: _model(fake, attempts=1, timeout=1.0).complete(
+            QUESTION, max_tokens=8))
+    message = str(info.value)
+    assert "no complete reply within 1 s" in message and "--budgetbench-timeout" in message
+    assert SECRET not in message and "Biscuit" not in message
+
+
+def test_a_dripping_reply_is_retried_and_the_abandoned_request_is_hung_up(
+    fake: FakeOpenAI,
+) -> None:
+    fake.faults = ["drip"]
+    model = _model(fake, attempts=2, timeout=1.0)
+    completion = returning_within(60, lambda: model.complete(QUESTION, max_tokens=8))
+    assert completion.text == "Biscuit" and len(fake.requests) == 2
+
+    def drip_ended() -> None:  # the server's drip stops once the client hung up
+        while fake.in_flight:
+            time.sleep(0.05)
+
+    returning_within(60, drip_ended)
+
+
+def test_probe_of_an_endpoint_whose_model_list_drips_gives_up(fake: FakeOpenAI) -> None:
+    fake.drip_routes = {"/models"}
+    try:
+        with pytest.raises(EndpointError) as info:
+            returning_within(60, lambda: probe_endpoint(fake.base_url, SECRET, timeout=1.0))
+    finally:
+        fake.drip_routes = set()
+    assert "no complete reply within 1 s" in str(info.value)
 
 
 @pytest.mark.parametrize("fault", ["malformed", "none"])

@@ -9,6 +9,8 @@ one written is as good as any).
 
 The file sits beside the response cache, as ``embeddings.sqlite`` (see
 ``wiring.embedding_store_path``); nothing in it ever goes stale, so it has no refresh mode.
+Every vector carries a checksum of its space, key and bytes: one that fails it (or has
+none, from before checksums) is a miss, computed again (see :mod:`pytest_budgetbench.cache`).
 """
 
 from __future__ import annotations
@@ -16,15 +18,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_budgetbench.cache import SharedDatabase
+from pytest_budgetbench.cache import (
+    AS_BYTES,
+    REJECTED_SCHEMA,
+    SAME_CHECKSUM,
+    SharedDatabase,
+    entry_checksum,
+    rejection,
+    text_of_bytes,
+)
 
 STORE_FILE = "embeddings.sqlite"
 
-_SCHEMA = """
+_SCHEMA = REJECTED_SCHEMA + """
 CREATE TABLE IF NOT EXISTS vectors (
     space TEXT NOT NULL,
     key TEXT NOT NULL,
     vector BLOB NOT NULL,
+    checksum TEXT,
     PRIMARY KEY (space, key)
 ) WITHOUT ROWID;
 """
@@ -36,21 +47,37 @@ _KEYS_PER_QUERY = 500
 class VectorStore(SharedDatabase):
     """Vectors as float32 bytes, by (space, text key), in one SQLite file."""
 
+    label = "embedding cache"
+
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
 
     def load(self, space: str, keys: Sequence[str]) -> dict[str, bytes]:
-        """The stored vectors of ``keys`` in ``space`` (absent keys are left out)."""
+        """The stored vectors of ``keys`` in ``space`` (absent and rejected keys are left
+        out: a vector that fails its checksum is deleted, to be computed again)."""
         found: dict[str, bytes] = {}
-        db = self._db()
+        rejected: dict[str, tuple[bytes | None, str]] = {}
         for start in range(0, len(keys), _KEYS_PER_QUERY):
             batch = keys[start : start + _KEYS_PER_QUERY]
             marks = ",".join("?" * len(batch))
-            rows = db.execute(
-                f"SELECT key, vector FROM vectors WHERE space = ? AND key IN ({marks})",
-                (space, *batch),
+            rows = self._read(
+                f"SELECT key, {AS_BYTES.format('vector')}, {AS_BYTES.format('checksum')} "
+                "FROM vectors "
+                f"WHERE space = ? AND key IN ({marks})", (space, *batch),
             )
-            found.update((key, bytes(vector)) for key, vector in rows)
+            for key, vector, raw_checksum in rows:
+                blob = bytes(vector)
+                reason = rejection(text_of_bytes(raw_checksum), entry_checksum(space, key, blob))
+                if reason is None:
+                    found[key] = blob
+                else:
+                    rejected[key] = (raw_checksum, reason)
+        if rejected:
+            with self._transaction() as db:
+                for key, (raw_checksum, reason) in rejected.items():
+                    db.execute(f"DELETE FROM vectors WHERE space = ? AND key = ? AND "
+                               f"{SAME_CHECKSUM}", (space, key, raw_checksum))
+                    self._reject(db, f"{space}/{key}", reason)
         return found
 
     def save(self, space: str, vectors: Mapping[str, bytes]) -> None:
@@ -59,15 +86,15 @@ class VectorStore(SharedDatabase):
             return
         with self._transaction() as db:
             db.executemany(
-                "INSERT OR IGNORE INTO vectors VALUES (?, ?, ?)",
-                ((space, key, vector) for key, vector in vectors.items()),
+                "INSERT OR IGNORE INTO vectors VALUES (?, ?, ?, ?)",
+                ((space, key, vector, entry_checksum(space, key, bytes(vector)))
+                 for key, vector in vectors.items()),
             )
 
     def count(self, space: str | None = None) -> int:
         """Vectors stored in ``space`` (or in all spaces)."""
         if space is None:
-            row = self._db().execute("SELECT COUNT(*) FROM vectors").fetchone()
+            rows = self._read("SELECT COUNT(*) FROM vectors")
         else:
-            row = self._db().execute(
-                "SELECT COUNT(*) FROM vectors WHERE space = ?", (space,)).fetchone()
-        return int(row[0])
+            rows = self._read("SELECT COUNT(*) FROM vectors WHERE space = ?", (space,))
+        return int(rows[0][0])
