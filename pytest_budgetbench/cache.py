@@ -343,6 +343,11 @@ class CountDatabase(SharedDatabase):
         return int(self._read("SELECT COUNT(*) FROM counts")[0][0])
 
 
+_SENDING: set[tuple[str, str]] = set()
+"""(cache file, key) of the requests this process's threads are sending now."""
+_SENDING_LOCK = threading.Lock()
+
+
 class ResponseStore(SharedDatabase):
     """Replies and in-flight claims in one SQLite file (WAL: readers never block)."""
 
@@ -391,18 +396,30 @@ class ResponseStore(SharedDatabase):
         with self._transaction() as db:
             held = db.execute("SELECT owner, host, pid, since FROM claims WHERE key = ?",
                               (key,)).fetchone()
-            if held is not None and not self._abandoned(*held[1:]):
+            if held is not None and not self._abandoned(key, *held[1:]):
                 return False
             db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
                        (key, self._owner, self._host, os.getpid(), time.time()))
+        with _SENDING_LOCK:
+            _SENDING.add((str(self.path), key))
         return True
 
-    def _abandoned(self, host: str, pid: int, since: float) -> bool:
+    def _sent(self, key: str) -> None:
+        with _SENDING_LOCK:
+            _SENDING.discard((str(self.path), key))
+
+    def _abandoned(self, key: str, host: str, pid: int, since: float) -> bool:
+        if host == self._host and pid == os.getpid():
+            # Ours: abandoned unless a thread of this process is sending it now (its reply
+            # could not be stored or its claim released, on a full disk say).
+            with _SENDING_LOCK:
+                return (str(self.path), key) not in _SENDING
         if time.time() - since > self.stale_after_s:
             return True
         return host == self._host and not _pid_alive(pid)
 
     def store(self, key: str, completion: Completion) -> None:
+        self._sent(key)
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -414,6 +431,7 @@ class ResponseStore(SharedDatabase):
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
     def release(self, key: str) -> None:
+        self._sent(key)
         with self._transaction() as db:
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +145,36 @@ def test_a_failed_request_is_not_stored_and_its_claim_is_released(
         chat.complete(QUESTION, max_tokens=8)
     reply = chat.complete(QUESTION, max_tokens=8)  # not blocked by a stale claim
     assert not reply.cached and reply.text == "Rex" and len(fake.requests) == 2
+
+
+def test_a_reply_that_could_not_be_stored_does_not_block_the_next_request_for_it(
+    fake: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk fails the store and the release alike: the thread's own claim is left
+    behind, and the next request for the key (another budget's cell) must not wait on it."""
+    chat = cached_chat(fake, tmp_path / "r.sqlite")
+    store = chat._store
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        send = chat._chat.complete
+
+        def send_then_fill_the_disk(*args: Any, **kwargs: Any) -> Any:
+            reply = send(*args, **kwargs)
+            patched.setattr(store, "_transaction", disk_full)
+            return reply
+
+        patched.setattr(chat._chat, "complete", send_then_fill_the_disk)
+        with pytest.raises(OSError):
+            chat.complete(QUESTION, max_tokens=8)
+    answer: list[str] = []
+    thread = threading.Thread(target=lambda: answer.append(
+        chat.complete(QUESTION, max_tokens=8).text), daemon=True)
+    thread.start()
+    thread.join(60)  # a guard against the hang, not a timing assertion
+    assert answer == ["Rex"] and len(fake.requests) == 2
 
 
 def test_slots_bound_requests_in_flight_across_threads(fake: FakeOpenAI, tmp_path: Path) -> None:

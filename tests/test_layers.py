@@ -19,8 +19,8 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("messages", "errors", "records", "definition", "lexicon", "redact", "registry", "options",
-     "gguf_models"),
+    ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
+     "options", "gguf_models"),
     ("budget", "framing", "model", "launcher", "cache", "embeddings", "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "runner"),
