@@ -423,6 +423,7 @@ class SweepPlugin:
             self.finish_error = redact(f"budgetbench: {exc}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the answer comes last
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.controller or not self.session.started:
             return  # no sweep item ran (e.g. `pytest tests/test_x.py` with ini budgets)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,13 @@ def test_onnx_ranks_clear_queries_as_torch_does(backend: str) -> None:
     torch_top1 = _top1(make_embedder(DEFAULT_MODEL, backend="torch"))
     assert torch_top1 == list(QUERIES.values())  # the queries are clear for the model
     assert _top1(make_embedder(DEFAULT_MODEL, backend=backend)) == torch_top1
+
+
+def test_the_one_time_onnx_export_warns_nothing_into_the_users_run(tmp_path: Path) -> None:
+    from pytest_budgetbench.embeddings.backends import exported_model
+
+    path = resolve_model_path(DEFAULT_MODEL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exported_model(path, DEFAULT_MODEL, "onnx", root=tmp_path)
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []

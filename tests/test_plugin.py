@@ -409,3 +409,19 @@ def test_image_task_runs_when_the_endpoint_is_declared_vision_capable(
     (request,) = fake_endpoint.requests
     parts = [p for m in request["messages"] if isinstance(m["content"], list) for p in m["content"]]
     assert any(p.get("type") == "image_url" for p in parts)
+
+
+def test_the_summary_is_the_last_thing_before_pytests_own_closing_lines(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    """pytest-benchmark prints a timing table per strategy@budget at session end; the
+    answer to the sweep (the summary and the run directory) must come after it."""
+    pytest.importorskip("pytest_benchmark")
+    result = pytester.runpytest(*sweep_args(fake_endpoint, tmp_path, "--budgets=2048",
+                                            "--budgetbench-items=2"))
+    assert result.ret == pytest.ExitCode.OK
+    lines = result.outlines
+    benchmark = max(i for i, line in enumerate(lines) if "benchmark" in line)
+    summary = next(i for i, line in enumerate(lines) if "budgetbench summary" in line)
+    run_dir = next(i for i, line in enumerate(lines) if line.startswith("run directory:"))
+    assert benchmark < summary < run_dir

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -213,10 +214,24 @@ def exported_model(path: str, name: str, backend: str, *, root: Path | None = No
         raise ValueError(f"no ONNX export for backend {backend!r}")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or "model")[:48]
     base = (root or export_root()) / f"{slug}-{model_fingerprint(path)}-v{EXPORT_VERSION}"
-    fp32 = publish_atomically(base / "onnx", lambda tmp: _export_fp32(path, name, tmp))
+    fp32 = publish_atomically(base / "onnx", quietly(lambda tmp: _export_fp32(path, name, tmp)))
     if backend == "onnx":
         return fp32
-    return publish_atomically(base / backend, lambda tmp: _quantize(path, name, fp32, tmp))
+    return publish_atomically(base / backend,
+                              quietly(lambda tmp: _quantize(path, name, fp32, tmp)))
+
+
+def quietly(build: Callable[[Path], None]) -> Callable[[Path], None]:
+    """``build`` with warnings silenced: torch's exporter and transformers warn about the
+    trace (TracerWarning, deprecations) on this one-time export, which would otherwise land
+    in the user's first sweep as pages of warnings about code that is not theirs."""
+
+    def run(tmp: Path) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build(tmp)
+
+    return run
 
 
 def publish_atomically(target: Path, build: Callable[[Path], None]) -> Path:
