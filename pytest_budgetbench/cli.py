@@ -222,7 +222,7 @@ def add_regrade_command(subparsers: argparse._SubParsersAction[argparse.Argument
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="where the re-graded run goes (default: RUN_DIR/regraded)")
     parser.add_argument("--grader", metavar="TASK:VARIANT,...",
-                        help="grader variants instead of upstream's (see the README)")
+                        help="grader variants instead of upstream's (see docs/tasks.md)")
     parser.add_argument("--data", action="append", default=[], metavar="TASK=PATH",
                         help="a task's data file, when it moved since the run (repeatable)")
     parser.add_argument("--accept-new-golds", action="store_true",

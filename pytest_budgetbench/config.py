@@ -464,7 +464,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
                "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
                metavar="NAME=URL[#MODEL],..."),
     OptionSpec("grader", "a grader variant per task instead of upstream's grader, "
-               "TASK:VARIANT,... (the README lists each task's variants)",
+               "TASK:VARIANT,... (docs/tasks.md lists each task's variants)",
                parse_grader_variants, None, metavar="TASK:VARIANT,..."),
     OptionSpec("progress", "seconds between progress lines when the terminal is not a tty "
                "(on a tty the line is updated in place); 0 turns progress off",

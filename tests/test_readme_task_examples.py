@@ -1,4 +1,4 @@
-"""The README's "Write a task" and "Write a grader" examples run as written."""
+"""The manual's "Write a task" and "Write a grader" examples (docs/tasks.md) run as written."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pytest_budgetbench.tasks.graders import AnswerGrader
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import rows_of, sweep_args
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TASKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
 
 
 def _python_block(section: str, opening: str) -> str:
     """The first ```python block under ``## section`` whose text starts with ``opening``."""
-    text = README.read_text(encoding="utf-8")
+    text = TASKS_PAGE.read_text(encoding="utf-8")
     body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", body, re.DOTALL)
     return next(block for block in blocks if block.startswith(opening))

@@ -153,7 +153,7 @@ def _text(content: Any) -> str:
 
 
 def write_example(folder: Path) -> tuple[Path, Path]:
-    """A small generated export and its questions (the README's worked example)."""
+    """A small generated export and its questions (the worked example in docs/tasks.md)."""
     from pytest_budgetbench.tasks._fixtures import openai_chat_export, write_json, write_jsonl
 
     chats, questions = openai_chat_export()
