@@ -306,15 +306,16 @@ class GGUFCounter(TokenCounter):
         from pytest_budgetbench.errors import require
 
         require("llama_cpp", "local", "--budgetbench-tokenizer=gguf:")
-        from llama_cpp import Llama
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        from pytest_budgetbench.gguf_models import vocab_only_llama
 
         path = Path(model_path)
         if not path.is_file():
             raise TokenizerError(f"GGUF tokenizer file not found: {path}")
         self.name = f"gguf:{path.name}"
         try:
-            self._llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+            self._llama = vocab_only_llama(path)
         except ValueError as exc:  # llama.cpp's "Failed to load model from file"
             raise TokenizerError(
                 f"{path} is not a GGUF file llama.cpp can read ({exc}); pass the served "

@@ -18,8 +18,10 @@ Two models, chosen with ``--budgetbench-model`` when no endpoint is given:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import subprocess
@@ -29,7 +31,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 
@@ -181,12 +183,28 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_gguf_metadata(path: Path) -> dict[str, str]:
-    """The GGUF's string metadata, read with llama.cpp's vocabulary-only load."""
+def vocab_only_llama(path: Path) -> Any:
+    """llama.cpp's vocabulary-only load of a GGUF (a ``llama_cpp.Llama``), its log kept out
+    of the user's output.
+
+    llama-cpp-python prints llama.cpp's log to ``sys.stderr`` from a callback, and even with
+    ``verbose=False`` a vocabulary-only load warns that it has no training context; a failed
+    load raises ``ValueError`` with what llama.cpp said added."""
     from llama_cpp import Llama
 
+    log = io.StringIO()
     try:
-        llama = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        with contextlib.redirect_stderr(log):
+            return Llama(model_path=str(path), vocab_only=True, verbose=False)
+    except ValueError as exc:
+        said = log.getvalue().strip().splitlines()
+        raise ValueError(f"{exc}: {said[-1]}" if said else str(exc)) from None
+
+
+def read_gguf_metadata(path: Path) -> dict[str, str]:
+    """The GGUF's string metadata, read with llama.cpp's vocabulary-only load."""
+    try:
+        llama = vocab_only_llama(path)
     except ValueError as exc:
         raise EmbeddedServerError(f"{path} is not a GGUF file llama.cpp can read ({exc})") \
             from None

@@ -19,7 +19,7 @@ from pytest_budgetbench.budget import (
     TokenCounter,
     enforce,
 )
-from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
+from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
 from pytest_budgetbench.messages import Message
 from tests.fake_openai import FakeOpenAI, returning_within
 
@@ -306,3 +306,19 @@ def test_auto_tokenizer_without_a_route_says_what_it_tried_and_what_to_pass(
     message = str(excinfo.value)
     assert "/tokenize: HTTP" in message and "/extras/tokenize: HTTP 404" in message
     assert hint in message
+
+
+def test_loading_a_gguf_counter_prints_nothing_into_the_users_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """llama.cpp warns on a vocabulary-only load (no training context) through a callback
+    that prints to stderr even with verbose=False."""
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.model import embedded_gguf_path
+
+    try:
+        path = embedded_gguf_path("smollm2")
+    except EmbeddedServerError as exc:
+        pytest.skip(str(exc))
+    GGUFCounter(path)
+    assert capsys.readouterr().err == ""
