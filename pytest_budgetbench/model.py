@@ -37,8 +37,6 @@ from pytest_budgetbench.redact import (
     request_target,
 )
 
-__all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
-
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
                   "pydantic_settings")

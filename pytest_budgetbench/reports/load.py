@@ -127,12 +127,6 @@ def frame(rows: list[dict[str, Any]], fields: Iterable[str] | None = None) -> pd
     return _merged([_typed(rows, columns)])
 
 
-def read_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every row of every run, in the order given (later runs win on duplicate cells)."""
-    return [row for run_dir in run_dirs for block in row_blocks(_cells_file(run_dir))
-            for row in block]
-
-
 def report_columns(fields: Iterable[str]) -> list[str]:
     """The frame's columns for these fields and the report's own, in schema order."""
     wanted = dict.fromkeys([*REPORT_FIELDS, *fields])

@@ -16,7 +16,6 @@ import numpy as np
 
 from pytest_budgetbench.cells import split_reference
 from pytest_budgetbench.reports.stats import (
-    bootstrap_ci,
     bootstrap_cis,
     cell_rng,
     is_binary,
@@ -205,13 +204,6 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "cost_usd_total",
     "cost_usd_per_cell",
 )
-
-
-def interval_stats(
-    values: np.ndarray, *, resamples: int, rng: np.random.Generator
-) -> dict[str, Any]:
-    """Mean, bootstrap interval and (for 0/1 values) Wilson interval of one sample."""
-    return _interval_fields(values, bootstrap_ci(values, resamples=resamples, rng=rng))
 
 
 def _interval_fields(values: np.ndarray, interval: tuple[float, float]) -> dict[str, Any]:
