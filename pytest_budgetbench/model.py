@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench import gguf_models
-from pytest_budgetbench.deadline import DeadlineClients, RequestTimeout
-from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
+from pytest_budgetbench.deadline import DeadlineClients
+from pytest_budgetbench.errors import EmbeddedServerError, EndpointError, RequestTimeout
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.redact import (
     first_line,

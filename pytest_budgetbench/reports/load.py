@@ -19,6 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.errors import ReportError
 from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, RUN_FILE
 
 if TYPE_CHECKING:
@@ -54,10 +55,6 @@ _COLUMN_SAMPLE = 1000
 _SHARED_STRINGS = frozenset({"task", "item_id", "strategy", "status", "category", "run_id",
                              "model", "tokenizer", "error", "regime", "grader", "endpoint",
                              "worker"})
-
-
-class ReportError(Exception):
-    """The records cannot make a report (a missing run directory, for one)."""
 
 
 def cells_path(run_dir: Path) -> Path:
