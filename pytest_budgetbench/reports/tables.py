@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench.cells import split_reference
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.reports.stats import (
     bootstrap_cis,
     cell_rng,
@@ -65,7 +66,7 @@ class Reference:
             return cls()
         strategy, budget = split_reference(text)
         if not strategy or strategy.startswith("@") or strategy.endswith("@"):
-            raise ValueError(f"reference {text!r} names no strategy (expected strategy@budget)")
+            raise ConfigError(f"reference {text!r} names no strategy (expected strategy@budget)")
         return cls(strategy=strategy, budget=budget)
 
     def resolve(self, task_items: pd.DataFrame) -> tuple[str, int] | None:
