@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_budgetbench.deadline import DeadlineClients, RequestTimeout
-from pytest_budgetbench.errors import BudgetExceeded, TokenizerError
+from pytest_budgetbench.deadline import DeadlineClients
+from pytest_budgetbench.errors import BudgetExceeded, RequestTimeout, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
 from pytest_budgetbench.messages import Message, text_of
 

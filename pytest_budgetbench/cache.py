@@ -46,7 +46,8 @@ from typing import Any
 
 from pytest_budgetbench.errors import CacheError
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model import ChatModel, Completion, redact_url
+from pytest_budgetbench.model import ChatModel, Completion
+from pytest_budgetbench.redact import redact_url
 
 CACHE_FILE = "responses.sqlite"
 

@@ -59,9 +59,9 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 
 def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
+    from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.reports import (
         Prices,
-        ReportError,
         build_report,
         regression_gate,
         violation_gate,
@@ -79,7 +79,7 @@ def run_report(args: argparse.Namespace) -> int:
         report = build_report(args.run_dirs, out, reference=args.reference,
                               resamples=args.resamples, seed=args.seed, prices=prices,
                               plots=not args.no_plots)
-    except (ReportError, ValueError) as exc:
+    except BudgetBenchError as exc:  # a missing run, a bad reference: not a bug
         return _usage(str(exc))
     for note in report.notes:
         print(f"budgetbench: warning: {note}", file=sys.stderr)
@@ -141,7 +141,7 @@ def _non_negative(text: str) -> float:
 
 def run_diff(args: argparse.Namespace) -> int:
     _require_reports("budgetbench diff")
-    from pytest_budgetbench.reports import ReportError
+    from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.reports import diff as run_diffs
     from pytest_budgetbench.reports.load import require_rows
 
@@ -153,7 +153,7 @@ def run_diff(args: argparse.Namespace) -> int:
             require_rows(run)
         result = run_diffs.diff_runs(args.run_a, args.run_b, resamples=args.resamples,
                                      seed=args.seed)
-    except (ReportError, ValueError) as exc:  # DiffError is a ValueError
+    except BudgetBenchError as exc:  # ReportError, DiffError: one line, exit 2
         return _usage(str(exc))
     tolerance = args.fail_on_regression
     regressions = result.regressions(tolerance) if tolerance is not None else []

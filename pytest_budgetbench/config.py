@@ -570,7 +570,7 @@ class Settings:
         endpoint's user info or query string)."""
         from dataclasses import asdict
 
-        from pytest_budgetbench.model import redact_url
+        from pytest_budgetbench.redact import redact_url
 
         recorded = asdict(self)
         del recorded["data_flags"]  # where a path came from is not the run's

@@ -20,12 +20,10 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from pytest_budgetbench.errors import RequestTimeout
+
 C = TypeVar("C")
 T = TypeVar("T")
-
-
-class RequestTimeout(Exception):
-    """A request that did not end within its deadline (the whole request, reply included)."""
 
 
 class DeadlineClients(Generic[C]):

@@ -1,15 +1,22 @@
 """The exception tree of pytest-budgetbench.
 
     BudgetBenchError
-    ├── ConfigError            a bad option or ini value (shown as a pytest UsageError)
+    ├── ConfigError            a bad option, ini value or command argument (a pytest UsageError)
+    ├── NothingToRun           the sweep is valid but holds no cell (an empty shard): exit 0
     ├── DataError              a missing or malformed dataset file or record
+    │   ├── MalformedLine          a line of a JSON-lines or CSV text; the reader names the file
+    │   └── MalformedRecord        a record's fields; the task names the file and line
     ├── MissingDependency      an optional extra is not installed
     ├── StrategyError          a strategy raised, or returned something that is not messages
     │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
     ├── RecordError            a row could not be written whole (disk full, short write)
     ├── CacheError             a cache file (replies, counts, vectors) cannot be used
+    ├── ReportError            the records cannot make a report (no run directory, no cell row)
+    │   ├── DiffError              two runs cannot be compared (no common cell, other items)
+    │   └── BaselineError          a baseline report.json cannot be read or has another schema
     └── EndpointError          the model endpoint failed: never an answer to grade
+        ├── RequestTimeout         a request did not end within its deadline (retried first)
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -27,11 +34,29 @@ class BudgetBenchError(Exception):
 
 
 class ConfigError(BudgetBenchError):
-    """A command-line option or ini value is invalid."""
+    """A command-line option, ini value or argument is invalid."""
+
+
+class NothingToRun(BudgetBenchError):
+    """The sweep is valid but holds no cell (an empty shard): not an error, one line."""
 
 
 class DataError(BudgetBenchError):
     """A dataset file or record is missing or malformed."""
+
+
+class MalformedLine(DataError):
+    """Line ``line`` of a JSON-lines or CSV text is malformed (``problem`` says how); the
+    reader that knows the file names it."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(f"line {line}: {problem}")
+        self.line, self.problem = line, problem
+
+
+class MalformedRecord(DataError):
+    """One record of a dataset has a missing or malformed field; the task that reads it
+    adds the file and line."""
 
 
 class MissingDependency(BudgetBenchError):
@@ -73,8 +98,25 @@ class CacheError(BudgetBenchError):
     the message names the file and how to reset it."""
 
 
+class ReportError(BudgetBenchError):
+    """The records cannot make a report (a missing run directory, for one)."""
+
+
+class DiffError(ReportError):
+    """The two runs cannot be compared (no cell in common, or not the same items)."""
+
+
+class BaselineError(ReportError):
+    """A baseline report.json that cannot be read or has another schema."""
+
+
 class EndpointError(BudgetBenchError):
     """The model endpoint failed (unreachable, timed out, or answered malformed data)."""
+
+
+class RequestTimeout(EndpointError):
+    """A request that did not end within its deadline (the whole request, reply included);
+    the model client retries it, and the last one becomes an EndpointError that says so."""
 
 
 class EmbeddedServerError(EndpointError):

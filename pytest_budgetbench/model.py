@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench import gguf_models
-from pytest_budgetbench.deadline import DeadlineClients, RequestTimeout
-from pytest_budgetbench.errors import EmbeddedServerError, EndpointError
+from pytest_budgetbench.deadline import DeadlineClients
+from pytest_budgetbench.errors import EmbeddedServerError, EndpointError, RequestTimeout
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.redact import (
     first_line,
@@ -36,8 +36,6 @@ from pytest_budgetbench.redact import (
     register_url,
     request_target,
 )
-
-__all__ = ["redact_url"]  # re-exported: model.redact_url predates the redact layer
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from pytest_budgetbench.cells import Cell, clean_part, split_reference
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import (
-    BudgetBenchError,
     ConfigError,
     MissingDependency,
+    NothingToRun,
     Requirement,
     TokenizerError,
     first_missing,
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
     from pytest_budgetbench.runner import Catalog, Endpoint
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
-
-
-class NothingToRun(BudgetBenchError):
-    """The sweep is valid but holds no cell (an empty shard): not an error, one line."""
 
 
 def check_settings(settings: Settings) -> None:

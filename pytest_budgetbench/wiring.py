@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import EndpointError, TokenizerError
-from pytest_budgetbench.model import ChatBackend, redact_url
+from pytest_budgetbench.model import ChatBackend
 from pytest_budgetbench.records import RunStore
-from pytest_budgetbench.redact import has_userinfo, split_query
+from pytest_budgetbench.redact import has_userinfo, redact_url, split_query
 from pytest_budgetbench.runner import Catalog, Endpoint, Runner
 
 if TYPE_CHECKING:

@@ -134,6 +134,26 @@ def test_missing_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "run directory not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["report", "diff"])
+def test_a_bug_in_the_report_code_is_not_bad_usage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Only the project's own errors are one-line usage errors: a ValueError raised inside
+    the report code is a bug, and it surfaces with its traceback."""
+    from pytest_budgetbench import reports
+    from pytest_budgetbench.reports import diff
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(reports, "build_report", broken)
+    monkeypatch.setattr(diff, "diff_runs", broken)
+    run_dir = write_run(tmp_path / "run", rows())
+    argv = [str(run_dir)] if command == "report" else [str(run_dir), str(run_dir)]
+    with pytest.raises(ValueError, match="a bug"):
+        main([command, *argv])
+
+
 @pytest.mark.parametrize(
     "argv",
     [[], ["report"], ["report", "x", "--max-violation-rate", "1.5"],

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.errors import ReportError
 from pytest_budgetbench.reports import build_report, extensions
 from pytest_budgetbench.reports.extensions import ENTRY_POINT_GROUP, ExtraTable
 from pytest_budgetbench.reports.plots import Plot
@@ -84,10 +85,10 @@ def test_without_extensions_the_report_has_only_its_own_parts(tmp_path: Path) ->
 
 
 def test_an_extension_table_may_not_shadow_the_report(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="table named 'summary'"):
+    with pytest.raises(ReportError, match="table named 'summary'"):
         build_report([_run(tmp_path)], tmp_path / "out", plots=False, resamples=20,
                      extensions=[LengthReport("summary")])
-    with pytest.raises(ValueError, match="table named 'lengths', which another extension"):
+    with pytest.raises(ReportError, match="table named 'lengths', which another extension"):
         build_report([_run(tmp_path)], tmp_path / "out", plots=False, resamples=20,
                      extensions=[LengthReport(), LengthReport()])
 

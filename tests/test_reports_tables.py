@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.reports import Prices, ReportError, build_report, load, tables
 from pytest_budgetbench.reports.stats import cell_rng, resample_means, wilson_interval
 from pytest_budgetbench.reports.synthetic import make_row, write_run
@@ -264,9 +265,16 @@ def test_flagged_reference_is_used_when_full_context_is_absent(tmp_path: Path) -
     assert paired.iloc[0]["ref_strategy"] == "oracle"
 
 
-def test_bad_reference_is_a_value_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
+def test_bad_reference_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="names no strategy in these records"):
         build(tmp_path, paired_rows(2), reference="full_context@big")
+    with pytest.raises(ConfigError, match="names no strategy"):
+        tables.Reference.parse("@2048")
+
+
+def test_resamples_below_one_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="resamples must be at least 1, got 0"):
+        build(tmp_path, paired_rows(2), resamples=0)
 
 
 def test_reference_parse() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench import definition
+from pytest_budgetbench.errors import ConfigError, ReportError
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
@@ -93,10 +94,11 @@ def build_report(
     ``extensions`` add tables and plots; by default the installed and registered ones
     (reports.extensions). ``viewer_rows`` caps the rows report.html's item viewer holds
     (0 leaves the viewer out).
-    Raises ReportError for a missing run directory and ValueError for a malformed reference.
+    Raises ReportError for a missing run directory and ConfigError for a malformed reference
+    or fewer than 1 resample.
     """
     if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
+        raise ConfigError(f"resamples must be at least 1, got {resamples}")
     settings = ReportSettings(reference, resamples, seed, prices)
     ref = tables.Reference.parse(reference)
     run_dirs = [Path(p) for p in run_dirs]
@@ -105,7 +107,7 @@ def build_report(
     rows = load.load(run_dirs, row_fields(chosen), notes=notes)
     notes += definition_notes(run_dirs)
     if ref.strategy is not None and not rows.empty and not (rows["strategy"] == ref.strategy).any():
-        raise ValueError(
+        raise ConfigError(
             f"reference {reference!r} names no strategy in these records; "
             f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
         )
@@ -155,8 +157,8 @@ def _extra_tables(extensions: Sequence[ReportExtension], rows: pd.DataFrame
     for extension in extensions:
         for table in extension.tables(rows):
             if table.name in extra:
-                raise ValueError(f"report extension '{extension.name}' adds a table named "
-                                 f"'{table.name}', which another extension added; rename it")
+                raise ReportError(f"report extension '{extension.name}' adds a table named "
+                                  f"'{table.name}', which another extension added; rename it")
             extra[table.name] = table
     return extra
 
@@ -246,8 +248,8 @@ def _document(report: Report) -> dict[str, Any]:
     for name, extra in report.extra_tables.items():
         # report_json adds "schema" and "schema_version" in front of the document.
         if name in document or name in ("schema", "schema_version"):
-            raise ValueError(f"a report extension adds a table named '{name}', which "
-                             "report.json already has; rename the table")
+            raise ReportError(f"a report extension adds a table named '{name}', which "
+                              "report.json already has; rename the table")
         document[name] = report_json.records(extra.table)
     return document
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench import definition
+from pytest_budgetbench.errors import DiffError
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.stats import DEFAULT_RESAMPLES, bootstrap_cis, cell_rng
@@ -36,10 +37,6 @@ COLUMNS: tuple[str, ...] = (
     "delta", "delta_lo", "delta_hi", "tokens_delta", "tokens_lo", "tokens_hi",
     "latency_delta", "latency_lo", "latency_hi", "status_changed", "better", "worse",
 )
-
-
-class DiffError(ValueError):
-    """The two runs cannot be compared (no cell in common, or not the same items)."""
 
 
 @dataclass

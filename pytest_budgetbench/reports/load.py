@@ -19,6 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.errors import ReportError
 from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, RUN_FILE
 
 if TYPE_CHECKING:
@@ -54,10 +55,6 @@ _COLUMN_SAMPLE = 1000
 _SHARED_STRINGS = frozenset({"task", "item_id", "strategy", "status", "category", "run_id",
                              "model", "tokenizer", "error", "regime", "grader", "endpoint",
                              "worker"})
-
-
-class ReportError(Exception):
-    """The records cannot make a report (a missing run directory, for one)."""
 
 
 def cells_path(run_dir: Path) -> Path:
@@ -125,12 +122,6 @@ def frame(rows: list[dict[str, Any]], fields: Iterable[str] | None = None) -> pd
     """Rows as a typed DataFrame with one row per cell key (the last row of a cell wins)."""
     columns = list(_columns(rows)) if fields is None else report_columns(fields)
     return _merged([_typed(rows, columns)])
-
-
-def read_rows(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
-    """Every row of every run, in the order given (later runs win on duplicate cells)."""
-    return [row for run_dir in run_dirs for block in row_blocks(_cells_file(run_dir))
-            for row in block]
 
 
 def report_columns(fields: Iterable[str]) -> list[str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.errors import BaselineError
 from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION, key_values
 
 if TYPE_CHECKING:
@@ -119,10 +120,6 @@ def _key_text(key: Any) -> str:
         text: str = json.dumps(key, allow_nan=False)
         return text
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
-
-
-class BaselineError(ValueError):
-    """A baseline report.json that cannot be read or has another schema."""
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench.cells import split_reference
+from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.reports.stats import (
-    bootstrap_ci,
     bootstrap_cis,
     cell_rng,
     is_binary,
@@ -66,7 +66,7 @@ class Reference:
             return cls()
         strategy, budget = split_reference(text)
         if not strategy or strategy.startswith("@") or strategy.endswith("@"):
-            raise ValueError(f"reference {text!r} names no strategy (expected strategy@budget)")
+            raise ConfigError(f"reference {text!r} names no strategy (expected strategy@budget)")
         return cls(strategy=strategy, budget=budget)
 
     def resolve(self, task_items: pd.DataFrame) -> tuple[str, int] | None:
@@ -205,13 +205,6 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "cost_usd_total",
     "cost_usd_per_cell",
 )
-
-
-def interval_stats(
-    values: np.ndarray, *, resamples: int, rng: np.random.Generator
-) -> dict[str, Any]:
-    """Mean, bootstrap interval and (for 0/1 values) Wilson interval of one sample."""
-    return _interval_fields(values, bootstrap_ci(values, resamples=resamples, rng=rng))
 
 
 def _interval_fields(values: np.ndarray, interval: tuple[float, float]) -> dict[str, Any]:

@@ -10,7 +10,9 @@
   of the item's messages and the window they were built at (never by item id, so a memory
   cannot reach another item) and reused by the item's other budgets;
 - :func:`construction_window`: the window a memory is built at, ``min(budget, cap)``, so
-  no construction call is larger than the budget of any cell that reuses the memory.
+  no construction call is larger than the budget of any cell that reuses the memory;
+- :func:`memory_message`: the system message that carries the memories, after a header
+  naming the strategy.
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ _FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.DOTALL)
 _PYTHON_LITERAL = re.compile(r"\b(True|False|None)\b")
 _JSON_LITERAL = {"True": "true", "False": "false", "None": "null"}
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+
+
+def memory_message(header: str, text: str) -> Message:
+    """The system message that shows the model a strategy's memories: ``header`` (which
+    names the strategy and what the memories are), then ``text``."""
+    return {"role": "system", "content": header + text}
 
 
 def json_values(reply: str, *, lenient: bool = False) -> Iterator[Any]:

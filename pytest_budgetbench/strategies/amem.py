@@ -123,6 +123,7 @@ from pytest_budgetbench.strategies._memory_system import (
     construction_window,
     failed,
     json_values,
+    memory_message,
     render,
 )
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
@@ -305,10 +306,6 @@ class Memory:
 MEMORIES: BuiltMemories[Memory] = BuiltMemories()
 
 
-def memory_message(text: str) -> Message:
-    return {"role": "system", "content": MEMORY_HEADER + text}
-
-
 # -- parsing replies -----------------------------------------------------------------------
 NOTE_FIELDS = ("keywords", "context", "tags")
 
@@ -422,7 +419,7 @@ class AMem(HistoryStrategy):
         started = time.perf_counter()
         hits, neighbours = self.retrieve(memory, question_of(query_text(query)), top_k)
         text, shown, whole = self.memory_text([*hits, *neighbours], int(room * MEMORY_SHARE))
-        fixed = [memory_message(text)] if text else []
+        fixed = [memory_message(MEMORY_HEADER, text)] if text else []
         recent = [
             p for p in newest_first(tokens, history)
             if not any(note.covers(p) for note in whole)
@@ -581,7 +578,7 @@ class AMem(HistoryStrategy):
         notes shown and those shown whole. The room is shared note by note: a note's text
         is cut to its share, and what a short note leaves goes to the next."""
         tokens = self.context.tokens
-        room = limit - tokens.count_message(memory_message(""))
+        room = limit - tokens.count_message(memory_message(MEMORY_HEADER, ""))
         parts: list[str] = []
         shown: list[Note] = []
         for index, note in enumerate(notes):
@@ -596,11 +593,11 @@ class AMem(HistoryStrategy):
             shown.append(note)
             room -= tokens.count_text(part) + 1
         text = "\n\n".join(parts)
-        counted = tokens.count_message(memory_message(text))
+        counted = tokens.count_message(memory_message(MEMORY_HEADER, text))
         while text and counted > limit:
             # Joined text can cost a token or two more than its parts: cut the excess.
             text = self._clip(text, tokens.count_text(text) - (counted - limit))
-            counted = tokens.count_message(memory_message(text))
+            counted = tokens.count_message(memory_message(MEMORY_HEADER, text))
         if not text:
             return "", [], []
         whole = [n for n in shown if f"{n.metadata()}\n{n.content}" in text]

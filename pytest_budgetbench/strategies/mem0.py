@@ -83,6 +83,7 @@ from pytest_budgetbench.strategies._memory_system import (
     construction_window,
     failed,
     json_values,
+    memory_message,
 )
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
@@ -431,10 +432,6 @@ class Built:
 MEMORIES: BuiltMemories[Built] = BuiltMemories()
 
 
-def memory_message(text: str) -> Message:
-    return {"role": "system", "content": MEMORY_HEADER + text}
-
-
 class Mem0(HistoryStrategy):
     """mem0ai's memory built session by session through the auxiliary model; see above."""
 
@@ -454,7 +451,7 @@ class Mem0(HistoryStrategy):
         started = time.perf_counter()
         hits = self.search(built, question_of(query_text(query)))
         packed = self.memory_lines(hits, int(room * MEMORY_SHARE))
-        fixed = [memory_message("\n".join(packed))] if packed else []
+        fixed = [memory_message(MEMORY_HEADER, "\n".join(packed))] if packed else []
         recent = newest_first(tokens, history)
         prompt = Packer(tokens, history).pack(head, query, recent, budget, fixed)
         cost.seconds = time.perf_counter() - started
@@ -527,11 +524,11 @@ class Mem0(HistoryStrategy):
         """The hits, best first, as lines of a memory message of at most ``limit`` tokens
         (a hit too long for what is left is skipped); none when too little fits."""
         tokens = self.context.tokens
-        if limit - tokens.count_message(memory_message("")) < MIN_MEMORY_TOKENS:
+        if limit - tokens.count_message(memory_message(MEMORY_HEADER, "")) < MIN_MEMORY_TOKENS:
             return []
         lines: list[str] = []
         for hit in hits:
             trial = [*lines, f"- {hit}"]
-            if tokens.count_message(memory_message("\n".join(trial))) <= limit:
+            if tokens.count_message(memory_message(MEMORY_HEADER, "\n".join(trial))) <= limit:
                 lines = trial
         return lines

@@ -72,6 +72,7 @@ from pytest_budgetbench.strategies._memory_system import (
     construction_window,
     failed,
     json_values,
+    memory_message,
     render,
 )
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
@@ -222,10 +223,6 @@ class Memory:
 MEMORIES: BuiltMemories[Memory] = BuiltMemories()
 
 
-def memory_message(text: str) -> Message:
-    return {"role": "system", "content": MEMORY_HEADER + text}
-
-
 class MemGPT(HistoryStrategy):
     """Core memory, recursive summary, archival and recall storage, FIFO tail; see above."""
 
@@ -245,7 +242,7 @@ class MemGPT(HistoryStrategy):
         started = time.perf_counter()
         hits = self.search(memory, history, question_of(query_text(query)), budget, cost)
         text = self.memory_text(memory, hits, int(room * MEMORY_SHARE))
-        fixed = [memory_message(text)] if text else []
+        fixed = [memory_message(MEMORY_HEADER, text)] if text else []
         recent = newest_first(tokens, history)
         prompt = Packer(tokens, history).pack(head, query, recent, budget, fixed)
         cost.seconds = time.perf_counter() - started
@@ -284,7 +281,7 @@ class MemGPT(HistoryStrategy):
 
     def _pressure(self, head: list[Message], history: list[Message], memory: Memory) -> int:
         context = "\n".join(t for t in (memory.core_text(), memory.summary_text()) if t)
-        main = [*head, memory_message(context), *(history[i] for i in memory.queue)]
+        main = [*head, memory_message(MEMORY_HEADER, context), *(history[i] for i in memory.queue)]
         return self.context.tokens.count_messages(main)
 
     def _warn(self, history: list[Message], memory: Memory) -> None:
@@ -402,11 +399,11 @@ class MemGPT(HistoryStrategy):
         retrieved = "[retrieved memories]\n" + "\n".join(f"- {h}" for h in hits) if hits else ""
         text = "\n".join(t for t in (memory.core_text(), memory.summary_text(), retrieved) if t)
         tokens = self.context.tokens
-        room = limit - tokens.count_message(memory_message(""))
+        room = limit - tokens.count_message(memory_message(MEMORY_HEADER, ""))
         if not text or room < MIN_MEMORY_TOKENS:
             return ""
         text = self._clip(text, room)
-        while text and tokens.count_message(memory_message(text)) > limit:
+        while text and tokens.count_message(memory_message(MEMORY_HEADER, text)) > limit:
             text = self._clip(text, tokens.count_text(text) - 1)
         return text
 

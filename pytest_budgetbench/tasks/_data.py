@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.errors import DataError, MalformedLine
 
 
 def flag(task: str) -> str:
@@ -60,26 +60,18 @@ def read_json(task: str, path: Path, wanted: str | None = None) -> Any:
     if path.suffix == ".jsonl":
         try:
             return [value for _number, value in json_lines(text)]
-        except JsonLineError as exc:
-            raise malformed(task, path, f"line {exc.number} is {exc.problem}", wanted) from exc
+        except MalformedLine as exc:
+            raise malformed(task, path, f"line {exc.line} is {exc.problem}", wanted) from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise malformed(task, path, f"invalid JSON ({exc})", wanted) from exc
 
 
-class JsonLineError(ValueError):
-    """Line ``number`` of a JSON-lines text is not JSON; ``problem`` says how."""
-
-    def __init__(self, number: int, error: json.JSONDecodeError) -> None:
-        self.number = number
-        self.problem = f"not valid JSON ({error.msg} at column {error.colno})"
-        super().__init__(f"line {number}: {self.problem}")
-
-
 def json_lines(text: str) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of a JSON-lines text; a line that is
-    not JSON raises :class:`JsonLineError`, for the caller to name its file.
+    not JSON raises :class:`~pytest_budgetbench.errors.MalformedLine`, for the caller to
+    name its file.
 
     Lines end at LF only (a CR before it is JSON whitespace): U+2028, U+2029 and U+0085,
     which ``str.splitlines`` also breaks at, are characters of a JSON string."""
@@ -88,7 +80,8 @@ def json_lines(text: str) -> Iterator[tuple[int, Any]]:
             try:
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
-                raise JsonLineError(number, exc) from exc
+                raise MalformedLine(
+                    number, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
 
 
 def records(task: str, path: Path, data: Any, wanted: str | None = None) -> list[dict[str, Any]]:

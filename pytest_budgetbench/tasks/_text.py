@@ -13,7 +13,7 @@ import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_budgetbench.errors import require
@@ -249,7 +249,3 @@ def document_messages(
         content = f"{label}\n{piece}" if label else piece
         messages.append({"role": role, "content": content})
     return messages
-
-
-def join_nonempty(parts: Iterable[str], sep: str = "\n") -> str:
-    return sep.join(p for p in parts if p)

@@ -21,9 +21,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.errors import DataError, MalformedLine
 from pytest_budgetbench.messages import ROLES, Message, text_of
-from pytest_budgetbench.tasks._data import JsonLineError, json_lines, one_line
+from pytest_budgetbench.tasks._data import json_lines, one_line
 from pytest_budgetbench.tasks.base import TaskOptions
 
 QUESTION_FIELDS = ("chat_id", "question", "answer")
@@ -84,8 +84,8 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
     if data is None:
         try:
             entries = [(f"line {number}", entry) for number, entry in json_lines(text)]
-        except JsonLineError as exc:
-            raise DataError(f"import-chats: {path} line {exc.number}: {exc.problem}") from None
+        except MalformedLine as exc:
+            raise DataError(f"import-chats: {path} line {exc.line}: {exc.problem}") from None
     else:
         if isinstance(data, dict) and key and isinstance(data.get(key), list):
             data = data[key]

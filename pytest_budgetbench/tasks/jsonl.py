@@ -29,11 +29,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.errors import ConfigError, DataError, MalformedLine, MalformedRecord
 from pytest_budgetbench.messages import ROLES, Message, text_of
 from pytest_budgetbench.options import DataFile, Option
 from pytest_budgetbench.tasks._data import (
-    JsonLineError,
     cell_suffix,
     flag,
     json_lines,
@@ -80,10 +79,6 @@ OPTIONS = (
 )
 
 
-class RecordError(ValueError):
-    """One record's problem; the task adds the file and line."""
-
-
 class JsonlTask(Task):
     """Chats from a JSON-lines file, one record per line."""
 
@@ -119,7 +114,7 @@ class JsonlTask(Task):
         for line, record in self._records(path):
             try:
                 item = self._item(line, record)
-            except RecordError as exc:
+            except MalformedRecord as exc:
                 raise self._bad(path, line, str(exc)) from None
             if item.item_id in seen:
                 raise self._bad(path, line, f"id {item.item_id!r} is also line "
@@ -144,8 +139,8 @@ class JsonlTask(Task):
                     raise self._bad(path, number, f"a record must be a JSON object (got "
                                     f"{type(record).__name__})")
                 yield number, record
-        except JsonLineError as exc:
-            raise self._bad(path, exc.number, exc.problem) from None
+        except MalformedLine as exc:
+            raise self._bad(path, exc.line, exc.problem) from None
 
     def _item(self, line: int, record: dict[str, Any]) -> Item:
         fields = {key: str(self.option(f"{key}_field")) for key in
@@ -165,7 +160,7 @@ class JsonlTask(Task):
             messages = self._message_list(record, fields["messages"])
             last = messages[-1]
             if last["role"] != "user":
-                raise RecordError(
+                raise MalformedRecord(
                     f"field '{fields['messages']}' must end with the user's question (its "
                     f"last message has role '{last['role']}'); or give "
                     f"'{fields['history']}' and '{fields['question']}'")
@@ -173,23 +168,23 @@ class JsonlTask(Task):
         elif fields["history"] in record or fields["question"] in record:
             for key in ("history", "question"):
                 if fields[key] not in record:
-                    raise RecordError(f"field '{fields[key]}' is missing (the record has "
-                                      f"'{fields['history' if key == 'question' else 'question']}'"
-                                      f"; fields: {', '.join(record)})")
+                    other = fields["history" if key == "question" else "question"]
+                    raise MalformedRecord(f"field '{fields[key]}' is missing (the record has "
+                                          f"'{other}'; fields: {', '.join(record)})")
             messages = self._message_list(record, fields["history"])
             question = record[fields["question"]]
             if not isinstance(question, str) or not question.strip():
-                raise RecordError(f"field '{fields['question']}' must be a non-empty string "
-                                  f"(got {_described(question)})")
+                raise MalformedRecord(f"field '{fields['question']}' must be a non-empty string "
+                                      f"(got {_described(question)})")
             messages.append({"role": "user", "content": question})
         else:
-            raise RecordError(
+            raise MalformedRecord(
                 f"the record has neither '{fields['messages']}' nor '{fields['history']}' + "
                 f"'{fields['question']}' (fields: {', '.join(record) or 'none'}); map yours "
                 "with messages_field=, or history_field= and question_field=")
         if not any(m["role"] not in ("system", "developer") for m in messages[:-1]):
-            raise RecordError("the history before the question is empty: a record needs the "
-                              "conversation the question is about")
+            raise MalformedRecord("the history before the question is empty: a record needs the "
+                                  "conversation the question is about")
         prompt = str(self.option("system_prompt"))
         if prompt and messages[0]["role"] not in ("system", "developer"):
             messages.insert(0, {"role": "system", "content": prompt})
@@ -198,11 +193,11 @@ class JsonlTask(Task):
     def _message_list(self, record: dict[str, Any], key: str) -> list[Message]:
         value = self._json_cell(record[key], key)
         if not isinstance(value, list):
-            raise RecordError(f"field '{key}' must be a list of chat messages (got "
-                              f"{_described(value)})")
+            raise MalformedRecord(f"field '{key}' must be a list of chat messages (got "
+                                  f"{_described(value)})")
         if not value:
-            raise RecordError(f"field '{key}' is empty: a record needs the conversation "
-                              "the question is about")
+            raise MalformedRecord(f"field '{key}' is empty: a record needs the conversation "
+                                  "the question is about")
         return [_message(message, f"{key}[{index}]") for index, message in enumerate(value)]
 
     def _json_cell(self, value: Any, key: str) -> Any:
@@ -214,20 +209,20 @@ class JsonlTask(Task):
         if key not in record:
             if grader == "judge" and rubric:
                 return ()
-            raise RecordError(f"field '{key}' is missing (fields: {', '.join(record)}); map "
-                              "yours with answer_field=")
+            raise MalformedRecord(f"field '{key}' is missing (fields: {', '.join(record)}); map "
+                                  "yours with answer_field=")
         value = self._answer_cell(record[key])
         values = value if isinstance(value, list) else [value]
         if not values:
-            raise RecordError(f"field '{key}' is an empty list: give at least one answer")
+            raise MalformedRecord(f"field '{key}' is an empty list: give at least one answer")
         golds = []
         for gold in values:
             if isinstance(gold, bool) or not isinstance(gold, (str, int, float)):
-                raise RecordError(f"field '{key}' must be a string, a number or a list of "
-                                  f"them (got {_described(gold)})")
+                raise MalformedRecord(f"field '{key}' must be a string, a number or a list of "
+                                      f"them (got {_described(gold)})")
             problem = gold_problem(grader, str(gold))
             if problem is not None:
-                raise RecordError(f"field '{key}' {problem}")
+                raise MalformedRecord(f"field '{key}' {problem}")
             golds.append(str(gold))
         return tuple(golds)
 
@@ -240,8 +235,8 @@ class JsonlTask(Task):
         if value is None or value == "":
             return ""
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise RecordError(f"field '{key}' must be a string or a number (got "
-                              f"{_described(value)})")
+            raise MalformedRecord(f"field '{key}' must be a string or a number (got "
+                                  f"{_described(value)})")
         return str(value)
 
     # -- grading ---------------------------------------------------------------------------
@@ -267,7 +262,7 @@ class CsvTask(JsonlTask):
         text = _read(self.name, path)
         try:
             rows = _csv_rows(text)
-        except _CsvRowError as exc:
+        except MalformedLine as exc:
             raise self._bad(path, exc.line, exc.problem) from None
         header: list[str] | None = None
         for line, row in rows:
@@ -283,8 +278,8 @@ class CsvTask(JsonlTask):
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise RecordError(f"column '{key}' must hold a JSON list of chat messages "
-                              f"({exc.msg} at column {exc.colno})") from None
+            raise MalformedRecord(f"column '{key}' must hold a JSON list of chat messages "
+                                  f"({exc.msg} at column {exc.colno})") from None
 
     def _answer_cell(self, value: Any) -> Any:
         if isinstance(value, str) and value.lstrip().startswith("["):
@@ -295,18 +290,12 @@ class CsvTask(JsonlTask):
         return value
 
 
-class _CsvRowError(ValueError):
-    def __init__(self, line: int, problem: str) -> None:
-        super().__init__(f"line {line}: {problem}")
-        self.line, self.problem = line, problem
-
-
 def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
     """The non-blank rows of a CSV text, each with the line it starts on.
 
     Records end at a CSV line end (CR LF, LF or CR) outside quotes, never at U+2028 and
     the like; a cell may be as long as the text; a quote left open is an error at the line
-    its record starts on (:class:`_CsvRowError`).
+    its record starts on (:class:`~pytest_budgetbench.errors.MalformedLine`).
     """
     limit = csv.field_size_limit()
     # The limit is process-wide: raised only while this text is read, and only as far
@@ -324,7 +313,7 @@ def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
             except csv.Error as exc:
                 problem = ("a quoted cell is never closed: add its closing '\"'"
                            if "unexpected end of data" in str(exc) else f"not valid CSV ({exc})")
-                raise _CsvRowError(start, problem) from None
+                raise MalformedLine(start, problem) from None
             if row:
                 rows.append((start, row))
             start = reader.line_num + 1
@@ -342,22 +331,23 @@ def _read(task: str, path: Path) -> str:
 
 def _message(value: Any, where: str) -> Message:
     if not isinstance(value, dict):
-        raise RecordError(f"{where} must be an object with 'role' and 'content' (got "
-                          f"{_described(value)})")
+        raise MalformedRecord(f"{where} must be an object with 'role' and 'content' (got "
+                              f"{_described(value)})")
     if "role" not in value:
-        raise RecordError(f"{where} has no 'role'")
+        raise MalformedRecord(f"{where} has no 'role'")
     role = value["role"]
     if role not in ROLES:
-        raise RecordError(f"{where} has unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
+        raise MalformedRecord(f"{where} has unknown role {role!r} "
+                              f"(known: {', '.join(sorted(ROLES))})")
     content = value.get("content")
     if isinstance(content, list):
         if not all(isinstance(part, dict) and isinstance(part.get("type"), str)
                    for part in content):
-            raise RecordError(f"{where}.content must be a string or a list of "
-                              "{'type': ...} content parts")
+            raise MalformedRecord(f"{where}.content must be a string or a list of "
+                                  "{'type': ...} content parts")
     elif not isinstance(content, str):
-        raise RecordError(f"{where}.content must be a string or a list of content parts "
-                          f"(got {_described(content)})")
+        raise MalformedRecord(f"{where}.content must be a string or a list of content parts "
+                              f"(got {_described(content)})")
     return dict(value)
 
 

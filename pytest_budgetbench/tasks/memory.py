@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import random
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_budgetbench.messages import Message
@@ -60,13 +59,6 @@ ABSTAIN_PHRASES = (
     "cant determine",
     "not sure",
 )
-
-
-@dataclass(frozen=True)
-class _Fact:
-    statement: str
-    question: str
-    answer: str
 
 
 PET_NAMES = ("Biscuit", "Pepper", "Mochi", "Rufus", "Ziggy", "Olive", "Nugget", "Pickle")
