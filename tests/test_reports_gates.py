@@ -203,3 +203,20 @@ def test_one_violation_rate_is_nan_when_nothing_was_judged() -> None:
     (stats,) = cell_stats(rows, resamples=0)
     assert math.isnan(stats.violation_rate)  # the terminal said 0.0, report.json NaN
     assert format_table([stats])[-1].split()[6] == "-"
+
+
+def test_the_terminal_reads_the_computed_reports_numbers(tmp_path: Path) -> None:
+    from pytest_budgetbench.reports import compute_report
+    from pytest_budgetbench.reports.terminal import cell_stats, report_stats
+
+    rows = run_rows(trunc_violations=3)
+    run = write_run(tmp_path / "run", rows)
+    report = compute_report([run], tmp_path / "out", resamples=200)
+    from_report = report_stats(report, rows)
+    from_rows = cell_stats(rows, resamples=0)
+    assert [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_report] \
+        == [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_rows]
+    for mine, theirs in zip(from_report, from_rows, strict=True):
+        assert mine.mean_quality == pytest.approx(theirs.mean_quality)
+        assert mine.violation_rate == pytest.approx(theirs.violation_rate)
+        assert mine.quality_lo is not None  # the report's interval
