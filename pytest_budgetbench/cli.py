@@ -110,7 +110,7 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "intervals, the status changes and the items that flipped. --format=md prints a "
         "summary for a pull-request comment; --out writes diff.md, diff.json and diff.html "
         "(with the item viewer). With --fail-on-regression=D, exit 1 when a cell's quality "
-        "change has its upper bound below -D.",
+        "fell by more than D with its 95%% interval below zero (the regression gate's rule).",
     )
     parser.add_argument("run_a", type=Path, metavar="RUN_A",
                         help="the run compared against (a run directory or its cells.jsonl)")
@@ -120,8 +120,8 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="also write diff.md, diff.json and diff.html here")
     parser.add_argument("--fail-on-regression", type=_non_negative, metavar="D",
-                        help="exit 1 when a paired quality change's 95%% upper bound is "
-                        "below -D")
+                        help="exit 1 when a cell's paired quality fell by more than D with "
+                        "its 95%% interval below zero")
     parser.add_argument("--resamples", **from_option(
         "resamples", metavar="N", help="bootstrap resamples per interval (default: 2000)"))
     parser.add_argument("--seed", **from_option("seed", metavar="S",

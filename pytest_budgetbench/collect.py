@@ -29,8 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench.cells import GateSpec
-
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
 
@@ -149,13 +147,6 @@ def item_cell(item: pytest.Item) -> Cell | None:
 
 def is_gate_item(item: pytest.Item) -> bool:
     return is_sweep_item(item) and item.name.startswith("gate[")
-
-
-# -- gates ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GateVerdict:
-    spec: GateSpec
-    failure: str | None
 
 
 # -- xdist ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ task item x strategy x budget and one per gate, and the work goes to the run obj
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -37,8 +38,7 @@ DECLARED_KEY = pytest.StashKey[list[OptionSpec]]()
 """The flags tasks and strategies declare, as registered for this run."""
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.cells import Cell
-    from pytest_budgetbench.collect import GateVerdict
+    from pytest_budgetbench.cells import Cell, GateVerdict
     from pytest_budgetbench.progress import SweepProgress
     from pytest_budgetbench.runner import CellResult
     from pytest_budgetbench.session import BudgetBenchSession
@@ -388,11 +388,13 @@ class SweepPlugin:
             return
         if self.progress is not None and report.when == "call":
             self.progress.add(report.user_properties)
-        if report.nodeid.startswith("budgetbench::gate[") and report.failed and (
-            report.when == "call"
-        ):
-            # The reason is the report's last line (xdist puts a worker line above it).
-            self.session.gate_failures.append(report.longreprtext.strip().splitlines()[-1])
+        if report.nodeid.startswith("budgetbench::gate[") and report.when == "call":
+            # The verdict itself, from this process's gate or an xdist worker's report.
+            from pytest_budgetbench.cells import GateVerdict
+
+            self.session.verdicts.extend(GateVerdict.from_public(json.loads(str(value)))
+                                         for name, value in report.user_properties
+                                         if name == VERDICT_PROPERTY)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -431,7 +433,11 @@ class SweepPlugin:
             self.progress.close()
         from pytest_budgetbench.reports.terminal import write_summary
 
-        write_summary(terminalreporter, self.session)
+        run = self.session
+        write_summary(terminalreporter, run.store.run_dir, run.settings,
+                      report=run.report if run.report_dir is not None else None,
+                      verdicts=run.verdicts, report_dir=run.report_dir,
+                      report_missing=run.report_missing)
         for line in self.session.cache_rejections():
             terminalreporter.write_line(f"budgetbench: {line}", yellow=True)
         endpoint = self.session.endpoint
@@ -487,6 +493,8 @@ def item_cell_of(item: pytest.Item) -> Cell | None:
     return item_cell(item)
 
 
+VERDICT_PROPERTY = "budgetbench_gate"
+"""The user property under which a gate item's report carries its verdict (JSON)."""
 NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "
             "run this test over the sweep's cells")
 
@@ -523,8 +531,6 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
 @pytest.fixture
 def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     """The verdict of one gate item over the cells of its strategy@budget."""
-    from pytest_budgetbench.collect import GateVerdict
-
     session: BudgetBenchSession = request.config.stash[SESSION_KEY]
     spec = request.param
     elsewhere: set[str] = set()
@@ -533,9 +539,12 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
         elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
                      if c is not None}
     try:
-        return GateVerdict(spec, session.judge(spec, elsewhere))
+        verdict = session.judge(spec, elsewhere)
     except EmbeddedServerError as exc:
         _stop_without_a_server(request, exc)
+    # The controller's summary reads it, and --junitxml shows it as a property.
+    request.node.user_properties.append((VERDICT_PROPERTY, json.dumps(verdict.public())))
+    return verdict
 
 
 def _stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerError) -> NoReturn:

@@ -19,11 +19,12 @@ import random
 import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench import definition, preflight, wiring
-from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
+from pytest_budgetbench.cells import Cell, GateSpec, GateVerdict, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values, task_values
 from pytest_budgetbench.errors import (
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore
     from pytest_budgetbench.launcher import Launcher, LaunchService, ServerLauncher
+    from pytest_budgetbench.reports import Report
 
 WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
@@ -125,8 +127,13 @@ class BudgetBenchSession:
         self.errored: set[str] = set()
         self._pending: dict[str, Future[CellResult]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self.gate_failures: list[str] = []
-        """Reasons of the gates that failed, as the controller saw their reports."""
+        self.verdicts: list[GateVerdict] = []
+        """The gates' verdicts, as the controller saw their reports (a worker's come in its
+        gate reports' user_properties)."""
+        self.report: Report | None = None
+        """The report computed from this run's rows (by the first gate, or at the end)."""
+        self._report_rows: tuple[int, int] | None = None
+        """cells.jsonl's size and mtime when ``report`` was computed: rows since, recompute."""
         self.started = False
         self.report_dir: Path | None = None
         self.report_missing: str | None = None
@@ -314,27 +321,44 @@ class BudgetBenchSession:
         except MissingDependency as exc:  # a core install: the records and summary stand
             self.report_missing = str(exc)
             return
-        self.report_dir = self._build_report(plots=True).out_dir
+        report = self.computed_report()
+        try:
+            reports.write_report(report, plots=self.settings.report == "on")
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        self.report_dir = report.out_dir
 
-    def _build_report(self, *, plots: bool) -> Any:
+    def computed_report(self) -> Report:
+        """The report of this run's rows, computed once and again only when rows were
+        recorded since (a gate selected alone runs its cells first)."""
         settings = self.settings
         from pytest_budgetbench import reports
 
+        cells = self.store.cells_path
+        stat = cells.stat() if cells.exists() else None
+        rows = (stat.st_size, stat.st_mtime_ns) if stat else (0, 0)
+        if self.report is not None and rows == self._report_rows:
+            return self.report
         prices = None
         if settings.price_in is not None or settings.price_out is not None:
             prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
         try:
-            return reports.build_report(
+            self.report = reports.compute_report(
                 [self.store.run_dir], self.store.run_dir / "report",
                 reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
-                prices=prices, plots=plots and settings.report == "on",
+                prices=prices,
             )
-        except OSError as exc:  # a full disk: the cells are safe, only the report is not
-            raise RecordError(
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        self._report_rows = rows
+        return self.report
+
+    def _unwritable(self, exc: OSError) -> RecordError:
+        return RecordError(  # a full disk: the cells are safe, only the report is not
                 f"the report could not be written to {self.store.run_dir / 'report'} "
                 f"({exc.strerror or exc}); the cells are intact in {self.store.cells_path}: "
                 f"free space and rebuild it with `budgetbench report {self.store.run_dir}`"
-            ) from None
+            )
 
     # -- gates -------------------------------------------------------------------------
     @functools.cached_property
@@ -349,8 +373,8 @@ class BudgetBenchSession:
             regression=settings.baseline is not None and settings.max_regression is not None,
         )
 
-    def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> str | None:
-        """A gate's failure reason, or None when it passes.
+    def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:
+        """A gate's verdict over the computed report (see :meth:`computed_report`).
 
         Its cells are every cell of its strategy@budget: those this process has not run
         yet run now (a gate selected alone, e.g. by ``--lf``, judges complete data), and
@@ -369,15 +393,16 @@ class BudgetBenchSession:
         waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
         from pytest_budgetbench import reports
 
-        reason = reports.gate_verdict(
-            self._build_report(plots=False), gate.kind, gate.strategy, gate.budget,
+        verdict = reports.gate_verdict(
+            self.computed_report(), gate,
             max_rate=self.settings.max_violation_rate, max_regression=self.settings.max_regression,
             baseline=Path(self.settings.baseline) if self.settings.baseline else None,
         )
         if waiting:
             stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"
-            reason = f"{reason}; {stalled}" if reason else f"{gate.gate_id}: {stalled}"
-        return reason
+            verdict = replace(verdict, reasons=(*verdict.reasons, stalled) if verdict.reasons
+                              else (f"{gate.gate_id}: {stalled}",))
+        return verdict
 
     def _await_rows(self, cell_ids: set[str]) -> set[str]:
         """Wait until other processes recorded a row for each cell; give up once the

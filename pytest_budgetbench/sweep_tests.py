@@ -12,7 +12,7 @@ import pytest
 from pytest_budgetbench.errors import BudgetExceeded
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.collect import GateVerdict
+    from pytest_budgetbench.cells import GateVerdict
     from pytest_budgetbench.runner import CellResult
     from pytest_budgetbench.session import BudgetBenchSession  # noqa: F401 - in the key
 
@@ -51,5 +51,5 @@ def cell(budget_cell: CellResult, request: pytest.FixtureRequest) -> None:
 
 def gate(budget_gate: GateVerdict) -> None:
     """One gate over the cells of one strategy@budget; fails with its one-line reason."""
-    if budget_gate.failure:
-        pytest.fail(budget_gate.failure, pytrace=False)
+    if not budget_gate.passed:
+        pytest.fail(budget_gate.message or budget_gate.spec.gate_id, pytrace=False)

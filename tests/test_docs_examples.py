@@ -35,7 +35,9 @@ EXAMPLE_FLAGS = {
     "--budgetbench-last-turns-max": "Option(..., flag='last-turns-max') in docs/strategies.md",
     "--budgetbench-data-support_chats": "the support_chats instance in docs/tasks.md's ini",
 }
-EXAMPLE_INI = {"budgetbench_data_support_chats": "the support_chats instance's data"}
+EXAMPLE_INI = {"budgetbench_data_support_chats": "the support_chats instance's data",
+               # Not an ini name: the JUnit property a gate's verdict is written to.
+               "budgetbench_gate": "docs/gates.md's JUnit property"}
 
 
 @dataclass(frozen=True)

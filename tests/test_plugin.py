@@ -425,3 +425,60 @@ def test_the_summary_is_the_last_thing_before_pytests_own_closing_lines(
     summary = next(i for i, line in enumerate(lines) if "budgetbench summary" in line)
     run_dir = next(i for i, line in enumerate(lines) if line.startswith("run directory:"))
     assert benchmark < summary < run_dir
+
+
+COUNT_BUILDS = """
+import json, os
+
+import pytest_budgetbench.reports as reports
+from pytest_budgetbench.reports import builder, report_json
+
+counts = {"compute": 0, "write_json": 0}
+if hasattr(builder, "compute_report"):
+    _compute = builder.compute_report
+
+    def _counted_compute(*args, **kwargs):
+        counts["compute"] += 1
+        return _compute(*args, **kwargs)
+
+    reports.compute_report = _counted_compute
+_write_json = report_json.write_report_json
+
+
+def _counted_write(*args, **kwargs):
+    counts["write_json"] += 1
+    return _write_json(*args, **kwargs)
+
+
+report_json.write_report_json = _counted_write
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        with open(os.environ["COUNTS_FILE"], "w") as handle:
+            json.dump(counts, handle)
+"""
+
+
+def test_four_gates_compute_the_report_once_and_write_it_once(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    add_greedy_strategy(pytester)
+    pytester.makeconftest(COUNT_BUILDS)
+    monkeypatch.setenv("COUNTS_FILE", str(tmp_path / "counts.json"))
+    junit = tmp_path / "junit.xml"
+    # In a subprocess, as numpy cannot be imported twice in one process.
+    result = pytester.runpytest_subprocess(*sweep_args(
+        fake_endpoint, tmp_path, "--budgets=512,8192", "--budgetbench-items=2",
+        "--budgetbench-strategies=greedy:Greedy,truncation", "--budgetbench-report=on",
+        "--budgetbench-max-violation-rate=0.25", f"--junitxml={junit}"))
+    # Four gates (two strategies x two budgets); greedy@512 fails, from its verdict.
+    result.assert_outcomes(passed=9, failed=1, xfailed=2)
+    result.stdout.fnmatch_lines(["*budgetbench gate failed: greedy@512: violation rate 100.0% "
+                                 "(2/2 prompts) exceeds the maximum 25.0%*"])
+    assert 'failures="1"' in junit.read_text()
+    assert "budgetbench_gate" in junit.read_text()  # each gate's verdict, as a property
+    counts = json.loads((tmp_path / "counts.json").read_text())
+    # Before: each gate built and wrote the whole report, and the end once more (5 and 5).
+    assert counts == {"compute": 1, "write_json": 1}

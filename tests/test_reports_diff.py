@@ -185,3 +185,20 @@ def test_diff_of_runs_with_other_seeds_is_refused_and_of_other_models_is_not(
     assert err.endswith("; diff two runs of the same items (the same tasks, seed, data and "
                         "task options), e.g. one sweep with another model or strategy\n")
     assert main(["diff", str(seed_0), str(other_model), "--resamples=50"]) == 0
+
+
+def test_fail_on_regression_uses_the_regression_gates_rule() -> None:
+    import pandas as pd
+
+    from pytest_budgetbench.cells import quality_regressed
+    from pytest_budgetbench.reports.diff import RunDiff
+
+    # Mean fell by 0.3, more than 0.1, and the interval excludes zero: the plugin's gate
+    # fails it, so diff must too (it judged only the upper bound against -0.1 before).
+    table = pd.DataFrame([{"task": "t", "strategy": "s", "budget": 1, "delta": -0.3,
+                           "delta_lo": -0.5, "delta_hi": -0.05, "n_paired": 10}])
+    result = RunDiff(Path("a"), Path("b"), table, [], resamples=10, seed=0)
+    assert quality_regressed(-0.3, -0.05, 0.1)
+    (line,) = result.regressions(0.1)
+    assert line.startswith("t: s@1: quality changed by -0.300")
+    assert result.regressions(0.5) == []

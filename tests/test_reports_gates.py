@@ -160,3 +160,63 @@ def test_check_baseline_comparable_before_a_sweep(tmp_path: Path) -> None:
     assert check_baseline_comparable(baseline, [("memory", "trunc", 501)])
     assert "unusable baseline" in check_baseline_comparable(
         tmp_path / "missing.json", [("memory", "trunc", 500)])[0]
+
+
+# -- structured verdicts over one computed report -------------------------------------------
+def test_gate_verdict_carries_its_numbers_and_the_report_is_computed_without_writing(
+    tmp_path: Path,
+) -> None:
+    from pytest_budgetbench.cells import VIOLATION_GATE, GateSpec
+    from pytest_budgetbench.reports import compute_report, gate_verdict, write_report
+
+    run = write_run(tmp_path / "run", run_rows(trunc_violations=4))
+    report = compute_report([run], tmp_path / "out", resamples=200)
+    assert not (tmp_path / "out").exists()  # computing writes nothing
+    verdict = gate_verdict(report, GateSpec(VIOLATION_GATE, "trunc", 500), max_rate=0.05)
+    assert (verdict.passed, verdict.n_violation, verdict.n_judged) == (False, 4, 40)
+    assert verdict.rate == pytest.approx(0.1)
+    assert verdict.message == verdict.reasons[0] and verdict.reasons[0].startswith("trunc@500:")
+    write_report(report, plots=False)
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_a_regression_verdict_keeps_its_largest_fall_and_interval(tmp_path: Path) -> None:
+    from pytest_budgetbench.cells import REGRESSION_GATE, GateSpec
+    from pytest_budgetbench.reports import gate_verdict
+
+    baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
+    current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
+    verdict = gate_verdict(current, GateSpec(REGRESSION_GATE, "trunc", 500),
+                           max_regression=0.1, baseline=baseline.paths["json"])
+    assert not verdict.passed and verdict.delta == pytest.approx(-0.5)
+    assert verdict.interval is not None and verdict.interval[1] < 0
+
+
+def test_one_violation_rate_is_nan_when_nothing_was_judged() -> None:
+    import math
+
+    from pytest_budgetbench.cells import violation_rate
+    from pytest_budgetbench.reports.terminal import cell_stats, format_table
+
+    assert violation_rate(1, 3) == 0.25 and math.isnan(violation_rate(0, 0))
+    rows = [{"task": "t", "strategy": "s", "budget": 1, "status": "error"}]
+    (stats,) = cell_stats(rows, resamples=0)
+    assert math.isnan(stats.violation_rate)  # the terminal said 0.0, report.json NaN
+    assert format_table([stats])[-1].split()[6] == "-"
+
+
+def test_the_terminal_reads_the_computed_reports_numbers(tmp_path: Path) -> None:
+    from pytest_budgetbench.reports import compute_report
+    from pytest_budgetbench.reports.terminal import cell_stats, report_stats
+
+    rows = run_rows(trunc_violations=3)
+    run = write_run(tmp_path / "run", rows)
+    report = compute_report([run], tmp_path / "out", resamples=200)
+    from_report = report_stats(report, rows)
+    from_rows = cell_stats(rows, resamples=0)
+    assert [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_report] \
+        == [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_rows]
+    for mine, theirs in zip(from_report, from_rows, strict=True):
+        assert mine.mean_quality == pytest.approx(theirs.mean_quality)
+        assert mine.violation_rate == pytest.approx(theirs.violation_rate)
+        assert mine.quality_lo is not None  # the report's interval

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 from pytest_budgetbench.errors import Requirement
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.reports.builder import Report, ReportSettings, build_report
+    from pytest_budgetbench.reports.builder import (
+        Report,
+        ReportSettings,
+        build_report,
+        compute_report,
+        write_report,
+    )
     from pytest_budgetbench.reports.extensions import (
         ExtraTable,
         ReportExtension,
@@ -37,6 +43,8 @@ it writes its records and the terminal summary, and says how to build the report
 
 _EXPORTS = {
     "build_report": "builder",
+    "compute_report": "builder",
+    "write_report": "builder",
     "Report": "builder",
     "ReportSettings": "builder",
     "ExtraTable": "extensions",
@@ -62,10 +70,12 @@ __all__ = [
     "ReportSettings",
     "build_report",
     "check_baseline_comparable",
+    "compute_report",
     "gate_verdict",
     "register_report_extension",
     "regression_gate",
     "violation_gate",
+    "write_report",
 ]
 
 

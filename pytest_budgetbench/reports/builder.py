@@ -1,5 +1,8 @@
-"""build_report: records in, every report file out. The plugin calls it at session end and
-``budgetbench report`` calls it on any set of run directories."""
+"""Records in, every report file out, in two steps: :func:`compute_report` reads the runs and
+computes every table (and the report.json document) without writing a file, and
+:func:`write_report` writes them. :func:`build_report` is the two together, for
+``budgetbench report`` on any set of run directories; the plugin computes once for its
+gates and writes at session end."""
 
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ class Report:
     extensions: list[ReportExtension] = field(default_factory=list)
     viewer_rows: int = viewer.MAX_ROWS
     """Rows the report.html viewer holds at most (0: no viewer)."""
+    reference: tables.Reference = field(default_factory=lambda: tables.Reference.parse(None))
     notes: list[str] = field(default_factory=list)
     """What the merge of several runs did that a reader should know (superseded rows,
     runs of different definitions): one line each, for the console command to print."""
@@ -97,6 +101,27 @@ def build_report(
     Raises ReportError for a missing run directory and ConfigError for a malformed reference
     or fewer than 1 resample.
     """
+    report = compute_report(run_dirs, out_dir, reference=reference, resamples=resamples,
+                            seed=seed, prices=prices, extensions=extensions,
+                            viewer_rows=viewer_rows)
+    write_report(report, plots=plots)
+    return report
+
+
+def compute_report(
+    run_dirs: Sequence[Path],
+    out_dir: Path,
+    *,
+    reference: str | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    prices: tables.PriceTable | None = None,
+    extensions: Sequence[ReportExtension] | None = None,
+    viewer_rows: int = viewer.MAX_ROWS,
+) -> Report:
+    """The report of the runs, every table and the report.json document, written nowhere
+    (``out_dir`` is where :func:`write_report` will write it). Arguments and errors as
+    :func:`build_report`."""
     if resamples < 1:
         raise ConfigError(f"resamples must be at least 1, got {resamples}")
     settings = ReportSettings(reference, resamples, seed, prices)
@@ -118,8 +143,18 @@ def build_report(
                                        prices=prices)
     report = Report(run_dirs, Path(out_dir), settings, rows, items, summary, paired, categories,
                     extra_tables=_extra_tables(chosen, rows), extensions=chosen,
-                    viewer_rows=viewer_rows, notes=notes)
-    _write(report, with_plots=plots, reference=ref)
+                    viewer_rows=viewer_rows, reference=ref, notes=notes)
+    report.document = _document(report)
+    return report
+
+
+def write_report(report: Report, out_dir: Path | None = None, *, plots: bool = True) -> Report:
+    """Write a computed report's files to ``out_dir`` (by default its own): summary.csv,
+    paired.csv, categories.csv, the extensions' tables, plots/ (unless ``plots`` is
+    False), report.json/.md/.html. Fills ``report.paths`` (and ``report.plots``)."""
+    if out_dir is not None:
+        report.out_dir = Path(out_dir)
+    _write(report, with_plots=plots, reference=report.reference)
     return report
 
 
@@ -181,7 +216,7 @@ def _write(report: Report, *, with_plots: bool, reference: tables.Reference) -> 
             report.plots.extend(extension.plots(report.summary, out / PLOTS_DIR))
         if report.plots:
             paths["plots"] = out / PLOTS_DIR
-    report.document = _document(report)
+        report.document = _document(report)  # it lists the plots
     paths["json"] = out / REPORT_JSON
     report_json.write_report_json(paths["json"], report.document)
     doc = _view(report)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench import definition
+from pytest_budgetbench.cells import quality_regressed
 from pytest_budgetbench.errors import DiffError
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
@@ -52,14 +53,17 @@ class RunDiff:
     viewer_cells: list[viewer.ViewerCell] = field(default_factory=list)
 
     def regressions(self, tolerance: float) -> list[str]:
-        """A line per cell whose quality change's upper bound is below -tolerance."""
+        """A line per cell whose quality fell by more than ``tolerance`` with its interval
+        below zero (:func:`~pytest_budgetbench.cells.quality_regressed`, the gates' rule)."""
         lines = []
         for row in report_json.records(self.table):  # NaN -> None
-            if row["delta_hi"] is not None and row["delta_hi"] < -tolerance:
+            if row["delta_hi"] is not None and quality_regressed(row["delta"], row["delta_hi"],
+                                                                 tolerance):
                 lines.append(
                     f"{row['task']}: {row['strategy']}@{row['budget']}: quality changed by "
                     f"{row['delta']:+.3f} over {row['n_paired']} paired items (95% CI "
-                    f"[{row['delta_lo']:+.3f}, {row['delta_hi']:+.3f}]), below -{tolerance:g}"
+                    f"[{row['delta_lo']:+.3f}, {row['delta_hi']:+.3f}]), a fall of more than "
+                    f"{tolerance:g} with its interval below zero"
                 )
         return lines
 

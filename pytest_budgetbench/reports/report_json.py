@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.cells import violation_rate
 from pytest_budgetbench.errors import BaselineError
 from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION, key_values
 
@@ -133,8 +134,7 @@ class CellRecord:
 
     @property
     def violation_rate(self) -> float:
-        ran = self.n_ok + self.n_violation
-        return self.n_violation / ran if ran else math.nan
+        return violation_rate(self.n_violation, self.n_ok)
 
 
 def read_report_json(path: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_budgetbench.cells import split_reference
+from pytest_budgetbench.cells import split_reference, violation_rate
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.reports.stats import (
     bootstrap_cis,
@@ -289,10 +289,8 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
     for column in ("strategy_s", "model_s", "latency_s"):
         table[f"{column}_p50"] = grouped[column].quantile(0.5)
         table[f"{column}_p95"] = grouped[column].quantile(0.95)
-    admitted_or_violated = table["n_ok"] + table["n_violation"]
-    table["violation_rate"] = (table["n_violation"] / admitted_or_violated).where(
-        admitted_or_violated > 0
-    )
+    table["violation_rate"] = [violation_rate(v, ok) for v, ok
+                               in zip(table["n_violation"], table["n_ok"], strict=True)]
     table["cost_usd_per_cell"] = table["cost_usd_total"] / table["n_cells"]
     return table.reset_index()
 

@@ -1,22 +1,29 @@
 """The terminal summary printed at the end of a sweep.
 
-No pandas on purpose: it runs at every session end, where pandas would cost a second of
-import time. The quality interval is the report's seeded bootstrap (numpy only), over the
-admitted, scored rows of each task, strategy and budget; without numpy (a core install,
-no ``reports`` extra) the interval and the notes on the paired table are left out.
+Its numbers are the computed report's summary table when the session has one. Without it
+(a core install, no ``reports`` extra, or --budgetbench-report=off) a small pandas-free
+path aggregates the rows instead: the quality interval is the report's seeded bootstrap
+(numpy only) over the admitted, scored rows, left out without numpy, as are the notes on
+the paired table.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.cells import violation_rate
+
 if TYPE_CHECKING:
-    from pytest_budgetbench.session import BudgetBenchSession
+    from pytest_budgetbench.cells import GateVerdict
+    from pytest_budgetbench.config import Settings
+    from pytest_budgetbench.reports.builder import Report
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,7 @@ class CellStats:
 
     @property
     def violation_rate(self) -> float:
-        judged = self.ok + self.violations
-        return self.violations / judged if judged else 0.0
+        return violation_rate(self.violations, self.ok)
 
 
 def cell_stats(
@@ -50,6 +56,30 @@ def cell_stats(
     for row in rows:
         groups[(row["task"], row["strategy"], int(row["budget"]))].append(row)
     return [_stats(key, groups[key], resamples, seed) for key in sorted(groups)]
+
+
+def report_stats(report: Report, rows: Iterable[Mapping[str, Any]]) -> list[CellStats]:
+    """The computed report's summary table as the terminal's stats (token mismatches,
+    which the report does not count, from the rows)."""
+    mismatches: dict[tuple[str, str, int], int] = defaultdict(int)
+    for row in rows:
+        if row["status"] == "ok" and row.get("token_count_match") is False:
+            mismatches[(row["task"], row["strategy"], int(row["budget"]))] += 1
+    stats = []
+    for cell in report.summary.to_dict("records"):
+        key = (str(cell["task"]), str(cell["strategy"]), int(cell["budget"]))
+        stats.append(CellStats(
+            *key, reference=bool(cell["reference"]), n=int(cell["n_cells"]),
+            ok=int(cell["n_ok"]), violations=int(cell["n_violation"]),
+            errors=int(cell["n_error"]), mean_quality=_number(cell["quality_mean"]),
+            quality_lo=_number(cell["quality_lo"]), quality_hi=_number(cell["quality_hi"]),
+            mean_tokens=_number(cell["tokens_mean"]),
+            median_model_s=_number(cell["model_s_p50"]), token_mismatches=mismatches[key]))
+    return sorted(stats, key=lambda s: (s.task, s.strategy, s.budget))
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None or math.isnan(float(value)) else float(value)
 
 
 def _interval(
@@ -94,7 +124,7 @@ def _stats(
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    return "-" if value is None or math.isnan(value) else format(value, spec)
 
 
 def _ci(s: CellStats) -> str:
@@ -112,31 +142,44 @@ def format_table(stats: list[CellStats]) -> list[str]:
         name = s.strategy + (" (ref)" if s.reference else "")
         lines.append(
             f"{name:<22} {s.budget:>7} {s.n:>4} {s.ok:>8} {_fmt(s.mean_quality, '.3f'):>8} "
-            f"{_ci(s):>12} {s.violation_rate:>9.3f} {_fmt(s.mean_tokens, '.0f'):>8} "
+            f"{_ci(s):>12} {_fmt(s.violation_rate, '.3f'):>9} {_fmt(s.mean_tokens, '.0f'):>8} "
             f"{_fmt(s.median_model_s, '.2f'):>11} {s.errors:>6}"
         )
     return lines
 
 
-def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
-    from pytest_budgetbench.records import last_row_per_cell
+def write_summary(
+    terminalreporter: Any,
+    run_dir: Path,
+    settings: Settings,
+    *,
+    report: Report | None = None,
+    verdicts: Sequence[GateVerdict] = (),
+    report_dir: Path | None = None,
+    report_missing: str | None = None,
+) -> None:
+    """The summary of the run in ``run_dir``: the computed ``report``'s numbers when there
+    is one, the gates' ``verdicts``, and where the report was written (or why not)."""
+    from pytest_budgetbench.records import CELLS_FILE, last_row_per_cell, read_jsonl
 
-    rows = last_row_per_cell(session.store.rows())
+    rows = last_row_per_cell(read_jsonl(Path(run_dir) / CELLS_FILE))
     terminalreporter.section("budgetbench summary")
     if not rows:
-        terminalreporter.write_line(f"no cells recorded; run directory: {session.store.run_dir}")
+        terminalreporter.write_line(f"no cells recorded; run directory: {run_dir}")
         return
-    settings = session.settings
     # Without the reports extra (numpy) the interval column is "-"; the rest is plain Python.
     with_numpy = importlib.util.find_spec("numpy") is not None
-    stats = cell_stats(rows, resamples=settings.resamples if with_numpy else 0,
-                       seed=settings.seed)
+    if report is not None:
+        stats = report_stats(report, rows)
+    else:
+        stats = cell_stats(rows, resamples=settings.resamples if with_numpy else 0,
+                           seed=settings.seed)
     for task in sorted({s.task for s in stats}):
         terminalreporter.write_line(f"task {task}:")
         for line in format_table([s for s in stats if s.task == task]):
             terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows, stats)
-    if session.settings.reference is None and with_numpy:
+    if settings.reference is None and with_numpy:
         for line in reference_notes(rows):
             terminalreporter.write_line(line, yellow=True)
     cached = sum(1 for r in rows if r.get("cached"))
@@ -145,14 +188,15 @@ def write_summary(terminalreporter: Any, session: BudgetBenchSession) -> None:
             f"{cached} of {sum(r['status'] == 'ok' for r in rows)} answers came from the "
             "response cache (model s is the original call's)"
         )
-    for reason in session.gate_failures:
-        terminalreporter.write_line(f"budgetbench gate failed: {reason}", red=True, bold=True)
-    terminalreporter.write_line(f"run directory: {session.store.run_dir}")
-    if session.report_dir is not None:
-        terminalreporter.write_line(f"report: {session.report_dir / 'report.html'}")
-    elif session.report_missing is not None:
-        terminalreporter.write_line(f"report: not written: {session.report_missing}",
-                                    yellow=True)
+    for verdict in verdicts:
+        if not verdict.passed:
+            terminalreporter.write_line(f"budgetbench gate failed: {verdict.message}",
+                                        red=True, bold=True)
+    terminalreporter.write_line(f"run directory: {run_dir}")
+    if report_dir is not None:
+        terminalreporter.write_line(f"report: {report_dir / 'report.html'}")
+    elif report_missing is not None:
+        terminalreporter.write_line(f"report: not written: {report_missing}", yellow=True)
 
 
 def reference_notes(rows: list[dict[str, Any]]) -> list[str]:
