@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, TaskDefinition
+from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.options import (
     Option,
@@ -31,6 +31,7 @@ from pytest_budgetbench.options import (
 )
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
+from pytest_budgetbench.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Task, resolve_task
 

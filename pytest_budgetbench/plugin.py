@@ -21,15 +21,13 @@ from pytest_budgetbench.config import (
     OPTIONS,
     OptionSpec,
     Settings,
-    TaskDefinition,
     ini_text,
     load_settings,
-    parse_task_definition,
-    split_top_level,
 )
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
+from pytest_budgetbench.task_grammar import TaskDefinition, parse_task_definition, split_top_level
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
 
