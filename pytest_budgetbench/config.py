@@ -143,6 +143,9 @@ def parse_tokenizer(raw: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
+    """The validated settings of a run. A field's default is its option's default and a
+    choice's ``Literal`` type is its option's choices (:data:`OPTIONS` reads both here)."""
+
     budgets: tuple[int, ...] = ()
     strategies: tuple[str, ...] = ("full_context", "truncation", "rag")
     tasks: tuple[str, ...] = ("memory",)
@@ -282,72 +285,55 @@ OPTIONS: tuple[Option, ...] = (
           "comma-separated", parse_task_list, ini_type="args"),
     _core("named_tasks", "task instances the sweep may name, NAME=TASK(KEY=VALUE,...), "
           "comma-separated (in the ini: one per line), e.g. " + DEFINITION_EXAMPLE,
-          parse_named_tasks, metavar="NAME=TASK(KEY=VALUE,...),...",
-          ini_type="linelist"),
+          parse_named_tasks, metavar="NAME=TASK(KEY=VALUE,...),...", ini_type="linelist"),
     _core("items", "items per task", positive_int),
     _core("seed", "seed for generated tasks and sampling", integer),
     _core("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
           str, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
-    _core("model", "model id to request from the endpoint", str,
-          env="BUDGETBENCH_MODEL"),
+    _core("model", "model id to request from the endpoint", str, env="BUDGETBENCH_MODEL"),
     _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
-          "skipped when off; the embedded SmolLM2 is text-only)",
-          _choices_of("vision")),
-    _core("max_tokens", "max output tokens per answer",
-          positive_int),
-    _core("temperature", "sampling temperature",
-          non_negative),
+          "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
+    _core("max_tokens", "max output tokens per answer", positive_int),
+    _core("temperature", "sampling temperature", non_negative),
     _core("api_key_env", "name of the environment variable holding the API key", str,
           metavar="VAR"),
     _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
           parse_tokenizer),
     _core("out", "directory for run records", str, metavar="DIR"),
-    _core("audit", "store post-strategy prompts: full | hash | off",
-          _choices_of("audit")),
+    _core("audit", "store post-strategy prompts: full | hash | off", _choices_of("audit")),
     _core("max_violation_rate", "fail the session when a non-reference strategy's "
-          "violation rate exceeds R", rate,
-          metavar="R"),
-    _core("timeout", "seconds per model request",
-          seconds),
+          "violation rate exceeds R", rate, metavar="R"),
+    _core("timeout", "seconds per model request", seconds),
     _core("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
           "cell, its auxiliary calls included; a strategy over it errors that cell and "
-          "the sweep goes on", seconds,
-          metavar="SECONDS"),
-    _core("retries", "attempts per model request before the cell errors",
-          positive_int),
+          "the sweep goes on", seconds, metavar="SECONDS"),
+    _core("retries", "attempts per model request before the cell errors", positive_int),
     _core("threads", "CPU threads for the embedded server (default: the cores it may use)",
           positive_int),
     _core("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
           str, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),
-    _core("judge_model", "model id of the LLM judge", str,
-          env="BUDGETBENCH_JUDGE_MODEL"),
+    _core("judge_model", "model id of the LLM judge", str, env="BUDGETBENCH_JUDGE_MODEL"),
     _core("embedding_model", "sentence-transformers model name or local directory for "
-          "the run's embedder (retrieval strategies)", str,
-          metavar="NAME_OR_DIR"),
+          "the run's embedder (retrieval strategies)", str, metavar="NAME_OR_DIR"),
     _core("embedding_backend", "how the embedder runs: onnx (an ONNX export on "
           "onnxruntime, ranks as torch does) | onnx-int8 (int8 weights: faster, "
           "rankings differ on some queries) | torch; each backend's vectors are "
           "cached apart", _embedding_backend, metavar="onnx|onnx-int8|torch"),
     _core("repeats", "run each cell K times (repeats are averaged per item in reports)",
           positive_int, metavar="K"),
-    _core("shuffle", "randomise cell order with the seed: on | off",
-          _choices_of("shuffle")),
+    _core("shuffle", "randomise cell order with the seed: on | off", _choices_of("shuffle")),
     _core("report", "write summary/paired/categories CSVs, plots and HTML at session "
           "end: on | off", _choices_of("report")),
     _core("reference", "reference cell for paired deltas, strategy@budget "
-          "(default: full_context at the largest budget)", _reference,
-          metavar="STRATEGY@BUDGET"),
-    _core("resamples", "bootstrap resamples per interval",
-          positive_int),
+          "(default: full_context at the largest budget)", _reference, metavar="STRATEGY@BUDGET"),
+    _core("resamples", "bootstrap resamples per interval", positive_int),
     _core("baseline", "a previous run's report.json for the regression gate", str,
           metavar="REPORT_JSON"),
     _core("max_regression", "fail when a strategy@budget's paired quality against the "
           "baseline falls by more than D (interval excluding 0), or its violation rate "
           "rose", rate, metavar="D"),
-    _core("price_in", "USD per 1M prompt tokens, for cost columns",
-          non_negative, metavar="USD"),
-    _core("price_out", "USD per 1M output tokens, for cost columns",
-          non_negative, metavar="USD"),
+    _core("price_in", "USD per 1M prompt tokens, for cost columns", non_negative, metavar="USD"),
+    _core("price_out", "USD per 1M output tokens, for cost columns", non_negative, metavar="USD"),
     _core("cache", "response cache: on (shared across runs) | refresh (send again, "
           "keep the new replies) | off (this run only); identical prompts are sent "
           "once in every mode (default: on at temperature 0, else no caching)",
@@ -359,19 +345,16 @@ OPTIONS: tuple[Option, ...] = (
           "cells recorded ok or violation are kept, errors and missing cells run",
           str, metavar="RUN_DIR|latest"),
     _core("shard", "run shard i of n; items are split, so paired cells stay together "
-          "(merge with: budgetbench report DIR DIR ...)", parse_shard,
-          metavar="i/n"),
+          "(merge with: budgetbench report DIR DIR ...)", parse_shard, metavar="i/n"),
     _core("concurrency", "model requests in flight at once, across xdist workers; "
           "without xdist, N>1 runs N cells concurrently (default: one per process)",
           positive_int, metavar="N"),
     _core("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
           "(each key must be one a strategy of the sweep declares)",
-          parse_key_values("--budgetbench-strategy-options"),
-          metavar="KEY=VALUE,..."),
+          parse_key_values("--budgetbench-strategy-options"), metavar="KEY=VALUE,..."),
     _core("task_options", "options for the sweep's tasks, KEY=VALUE,KEY=VALUE (each key "
           "must be one a task of the sweep declares)",
-          parse_key_values("--budgetbench-task-options"),
-          metavar="KEY=VALUE,..."),
+          parse_key_values("--budgetbench-task-options"), metavar="KEY=VALUE,..."),
     _core("aux_models", "named auxiliary models for strategies, NAME=URL or "
           "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
           "endpoint)", parse_key_values("--budgetbench-aux-models"),
