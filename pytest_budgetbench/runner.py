@@ -171,7 +171,7 @@ class CellResult:
     ) -> CellResult:
         """The result a resumed run already recorded for this cell (any schema version)."""
         row = CellRow.from_record(record)
-        violation = str(row.error or "") if row.status is Status.VIOLATION else ""
+        violation = str(row.error or "") if row.status == Status.VIOLATION else ""
         return cls(cell, item, row, prompt, bool(row.reference), violation)
 
 

@@ -63,7 +63,7 @@ class PipelineEnvironment:
         result = self.runner.run(cell, strategy=strategy)
         outcome = strategy.outcome
         tiers = {m: t.name for m, t in outcome.tiers.items()} if outcome else {}
-        if result.status is not Status.OK:
+        if result.status != Status.OK:
             return EpisodeResult(0.0, 0.0, tiers)  # system plus query alone overflow
         return EpisodeResult(result.quality or 0.0, self._cost(result, outcome), tiers)
 
