@@ -12,8 +12,9 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec
+from pytest_budgetbench.config import OPTIONS
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.options import Option
 
 
 def non_negative(text: str) -> float:
@@ -36,7 +37,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def option_spec(dest: str) -> OptionSpec:
+def option_spec(dest: str) -> Option:
     """The plugin's declaration of option ``dest``."""
     for spec in OPTIONS:
         if spec.dest == dest:
@@ -51,7 +52,7 @@ def option_type(dest: str) -> Callable[[str], Any]:
 
     def parse(text: str) -> Any:
         try:
-            return spec.parse(text)
+            return spec.read(text, spec.flags[0])
         except ConfigError as exc:
             message = str(exc)
             for flag in spec.flags:  # "--budgetbench-seed must be ..." -> "must be ..."

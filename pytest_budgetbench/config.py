@@ -1,7 +1,10 @@
 """One frozen settings object: command line > ini (``budgetbench_*``) > environment > default.
 
-Every core option is declared once in ``OPTIONS``; tasks and strategies declare their own
-(:mod:`pytest_budgetbench.options`), and this module names none of them. The plugin
+Every core option is declared once in ``OPTIONS``, as an :class:`~pytest_budgetbench.options.Option`
+like those tasks and strategies declare (:mod:`pytest_budgetbench.options`), and this module
+names none of theirs. Each default is stated once, as the default of its field of
+:class:`Settings`, and each choice once, as the ``Literal`` type of its field; a choice is
+taken in any case (``--budgetbench-report=OFF``). The plugin
 registers each option with its ini twin, and :func:`load_settings` validates them all
 before any cell is collected. A bad value is a :class:`ConfigError` (a
 ``pytest.UsageError`` at the command line) that names the value and the expected form.
@@ -9,135 +12,31 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from pytest_budgetbench.errors import ConfigError
-
-
-def _is_count(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also accepts '²', which int() rejects."""
-    return text.isascii() and text.isdigit()
-
-
-def _name_list(option: str) -> Callable[[str], tuple[str, ...]]:
-    def parse(raw: str) -> tuple[str, ...]:
-        names = tuple(part.strip() for part in raw.split(",") if part.strip())
-        if not names:
-            raise ConfigError(f"{option} must name at least one entry, e.g. {option}=a,b (got '')")
-        return names
-
-    return parse
-
-
-def split_top_level(raw: str) -> list[str]:
-    """``raw`` split at the commas outside parentheses and quotes, each part stripped,
-    empty parts dropped: ``a,b=jsonl(path=x, grader=f1)`` is two parts."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth, quote = 0, ""
-    for char in raw:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(char)
-    parts.append("".join(current))
-    return [part.strip() for part in parts if part.strip()]
-
-
-TaskDefinition = tuple[str, dict[str, str]]
-"""A named task instance: (the task it is an instance of, its KEY=VALUE options as text)."""
-
-_DEFINITION = re.compile(
-    r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*=\s*(?P<kind>[A-Za-z0-9_.:]+)\s*"
-    r"(?:\((?P<params>.*)\))?", re.DOTALL)
-DEFINITION_EXAMPLE = "support_chats=jsonl(path=data/chats.jsonl, grader=f1)"
-
-
-def parse_task_definition(text: str, option: str) -> tuple[str, TaskDefinition]:
-    """``NAME=TASK(KEY=VALUE, ...)`` -> (NAME, (TASK, {KEY: VALUE})); a value may be quoted
-    ("..." or '...') to hold commas or parentheses."""
-    match = _DEFINITION.fullmatch(text.strip())
-    if match is None or _unbalanced(text):
-        raise ConfigError(
-            f"{option}: {text!r} is not a task definition NAME=TASK(KEY=VALUE, ...), e.g. "
-            f"{option}={DEFINITION_EXAMPLE}"
-        )
-    params: dict[str, str] = {}
-    for part in split_top_level(match["params"] or ""):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise ConfigError(
-                f"{option}: task '{match['name']}' option {part!r} is not KEY=VALUE, e.g. "
-                f"{DEFINITION_EXAMPLE}"
-            )
-        if key.strip() in params:
-            raise ConfigError(f"{option}: task '{match['name']}' sets {key.strip()!r} twice")
-        params[key.strip()] = _unquote(value.strip())
-    return match["name"], (match["kind"], params)
-
-
-def _unbalanced(text: str) -> bool:
-    stripped = re.sub(r"\"[^\"]*\"|'[^']*'", "", text)
-    return stripped.count("(") != stripped.count(")") or '"' in stripped or "'" in stripped
-
-
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
-
-
-def parse_named_tasks(raw: str) -> dict[str, TaskDefinition]:
-    """``--budgetbench-named-tasks``: definitions separated by commas (or ini lines)."""
-    option = "--budgetbench-named-tasks"
-    named: dict[str, TaskDefinition] = {}
-    for part in split_top_level(raw):
-        name, definition = parse_task_definition(part, option)
-        if name in named:
-            raise ConfigError(f"{option}: task '{name}' is defined twice; keep one definition")
-        named[name] = definition
-    return named
-
-
-def parse_task_list(raw: str) -> tuple[str, ...]:
-    """``--budgetbench-tasks``: names, ``module:attr`` or inline definitions, split at the
-    commas outside parentheses (:func:`task_entries` separates the definitions)."""
-    entries = tuple(split_top_level(raw))
-    if not entries:
-        raise ConfigError("--budgetbench-tasks must name at least one entry, e.g. "
-                          "--budgetbench-tasks=a,b (got '')")
-    return entries
-
-
-def task_entries(entries: Sequence[str]) -> tuple[tuple[str, ...], dict[str, TaskDefinition]]:
-    """The task names of ``--budgetbench-tasks`` entries, and the instances defined inline
-    (``NAME=TASK(...)`` selects NAME and defines it)."""
-    names: list[str] = []
-    defined: dict[str, TaskDefinition] = {}
-    for entry in entries:
-        if "=" in entry:
-            name, definition = parse_task_definition(entry, "--budgetbench-tasks")
-            defined[name] = definition
-            entry = name
-        if entry in names:
-            raise ConfigError(f"--budgetbench-tasks: '{entry}' is listed twice; list it once")
-        names.append(entry)
-    return tuple(names), defined
-
+from pytest_budgetbench.options import (
+    Option,
+    Parser,
+    choice,
+    integer,
+    is_count,
+    name_list,
+    non_negative,
+    positive_int,
+    rate,
+    seconds,
+)
+from pytest_budgetbench.task_grammar import (
+    DEFINITION_EXAMPLE,
+    TaskDefinition,
+    parse_named_tasks,
+    parse_task_list,
+    task_entries,
+)
 
 BUDGETS_OFF = "off"
 """``--budgets=off``: no sweep, even when the ini sets budgets."""
@@ -154,7 +53,7 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
     parts = [part.strip() for part in raw.split(",")]
     budgets: list[int] = []
     for part in parts:
-        if not _is_count(part) or int(part) <= 0:
+        if not is_count(part) or int(part) <= 0:
             raise ConfigError(
                 f"--budgets must be positive token counts separated by commas, "
                 f"e.g. --budgets=2048,8192, or off (got {part!r} in {raw!r})"
@@ -170,73 +69,6 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
             )
         budgets.append(int(part))
     return tuple(sorted(budgets))
-
-
-def _positive_int(option: str) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        if not _is_count(str(raw).strip()) or int(raw) <= 0:
-            raise ConfigError(f"{option} must be a positive integer (got {raw!r})")
-        return int(raw)
-
-    return parse
-
-
-def _int(option: str) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(f"{option} must be an integer (got {raw!r})") from None
-
-    return parse
-
-
-def _rate(option: str) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"{option} must be a rate between 0 and 1, e.g. 0.05 (got {raw!r})")
-        return value
-
-    return parse
-
-
-def _non_negative_float(option: str) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value >= 0:  # also rejects nan
-            raise ConfigError(f"{option} must be a number >= 0 (got {raw!r})")
-        return value
-
-    return parse
-
-
-def _positive_float(option: str) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = 0.0
-        if not 0 < value < math.inf:  # also rejects nan
-            raise ConfigError(f"{option} must be a number of seconds > 0, e.g. 30 (got {raw!r})")
-        return value
-
-    return parse
-
-
-def _choice(option: str, choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in choices:
-            raise ConfigError(f"{option} must be one of {'|'.join(choices)} (got {raw!r})")
-        return raw
-
-    return parse
 
 
 def _reference(raw: str) -> str:
@@ -290,7 +122,7 @@ def parse_grader_variants(raw: str) -> dict[str, str]:
 
 def parse_shard(raw: str) -> tuple[int, int]:
     index, slash, count = raw.partition("/")
-    if slash and _is_count(index) and _is_count(count) and 1 <= int(index) <= int(count):
+    if slash and is_count(index) and is_count(count) and 1 <= int(index) <= int(count):
         return int(index), int(count)
     raise ConfigError(
         f"--budgetbench-shard must be i/n with 1 <= i <= n, e.g. --budgetbench-shard=2/4 "
@@ -310,173 +142,10 @@ def parse_tokenizer(raw: str) -> str:
 
 
 @dataclass(frozen=True)
-class OptionSpec:
-    dest: str
-    help: str
-    parse: Callable[[str], Any]
-    default: Any = None
-    env: str | None = None
-    metavar: str | None = None
-    section: str = ""
-    """Where a declared option's value goes: "data" (``Settings.data_paths``), "task"
-    (``Settings.task_flags``) or "strategy" (``Settings.strategy_flags``); "" for a core
-    option, a field of Settings."""
-    key: str = ""
-    """The declared option's key (for "data": the task's name)."""
-    ini_type: Literal["string", "args", "linelist"] = "string"
-    """pytest's ini type; "args" also takes a TOML list (``budgetbench_budgets = [512, 2048]``),
-    "linelist" one entry per line (or a TOML list)."""
-
-    @property
-    def default_text(self) -> str:
-        """The default as a user would type it: ``full_context,truncation,rag``."""
-        if isinstance(self.default, tuple):
-            return ",".join(str(part) for part in self.default)
-        return str(self.default)
-
-    @property
-    def ini_default(self) -> str | list[str]:
-        return "" if self.ini_type == "string" else []
-
-    @property
-    def flag(self) -> str:
-        if self.dest == "budgets":
-            return "--budgets"
-        if self.dest.startswith("data_"):
-            # Named after the task exactly: --budgetbench-data-longbench_v2.
-            return "--budgetbench-data-" + self.dest[len("data_"):]
-        return "--budgetbench-" + self.dest.replace("_", "-")
-
-    @property
-    def flags(self) -> tuple[str, ...]:
-        """The flag, and its all-dashes spelling where that differs."""
-        dashed = "--budgetbench-" + self.dest.replace("_", "-")
-        return (self.flag,) if self.flag in (dashed, "--budgets") else (self.flag, dashed)
-
-    @property
-    def ini(self) -> str:
-        return "budgetbench_" + self.dest
-
-
-OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("budgets", "token budgets, comma-separated; turns the sweep on (off: no sweep, "
-               "even when the ini sets budgets)", parse_budgets, (), metavar="N,N|off",
-               ini_type="args"),
-    OptionSpec("strategies", "strategy names or module:attr, comma-separated",
-               _name_list("--budgetbench-strategies"), ("full_context", "truncation", "rag"),
-               ini_type="args"),
-    OptionSpec("tasks", "task names, module:attr or NAME=TASK(KEY=VALUE,...) instances, "
-               "comma-separated", parse_task_list, ("memory",), ini_type="args"),
-    OptionSpec("named_tasks", "task instances the sweep may name, NAME=TASK(KEY=VALUE,...), "
-               "comma-separated (in the ini: one per line), e.g. " + DEFINITION_EXAMPLE,
-               parse_named_tasks, None, metavar="NAME=TASK(KEY=VALUE,...),...",
-               ini_type="linelist"),
-    OptionSpec("items", "items per task", _positive_int("--budgetbench-items"), 10),
-    OptionSpec("seed", "seed for generated tasks and sampling", _int("--budgetbench-seed"), 0),
-    OptionSpec("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
-               str, None, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
-    OptionSpec("model", "model id to request from the endpoint", str, None,
-               env="BUDGETBENCH_MODEL"),
-    OptionSpec("vision", "the endpoint accepts image content parts: on | off (image tasks are "
-               "skipped when off; the embedded SmolLM2 is text-only)",
-               _choice("--budgetbench-vision", ("on", "off")), "off"),
-    OptionSpec("max_tokens", "max output tokens per answer",
-               _positive_int("--budgetbench-max-tokens"), 32),
-    OptionSpec("temperature", "sampling temperature",
-               _non_negative_float("--budgetbench-temperature"), 0.0),
-    OptionSpec("api_key_env", "name of the environment variable holding the API key", str,
-               "OPENAI_API_KEY", metavar="VAR"),
-    OptionSpec("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
-               parse_tokenizer, "auto"),
-    OptionSpec("out", "directory for run records", str, "reports", metavar="DIR"),
-    OptionSpec("audit", "store post-strategy prompts: full | hash | off",
-               _choice("--budgetbench-audit", ("full", "hash", "off")), "full"),
-    OptionSpec("max_violation_rate", "fail the session when a non-reference strategy's "
-               "violation rate exceeds R", _rate("--budgetbench-max-violation-rate"), None,
-               metavar="R"),
-    OptionSpec("timeout", "seconds per model request",
-               _positive_float("--budgetbench-timeout"), 300.0),
-    OptionSpec("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
-               "cell, its auxiliary calls included; a strategy over it errors that cell and "
-               "the sweep goes on", _positive_float("--budgetbench-strategy-timeout"), 600.0,
-               metavar="SECONDS"),
-    OptionSpec("retries", "attempts per model request before the cell errors",
-               _positive_int("--budgetbench-retries"), 3),
-    OptionSpec("threads", "CPU threads for the embedded server (default: the cores it may use)",
-               _positive_int("--budgetbench-threads"), None),
-    OptionSpec("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
-               str, None, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),
-    OptionSpec("judge_model", "model id of the LLM judge", str, None,
-               env="BUDGETBENCH_JUDGE_MODEL"),
-    OptionSpec("embedding_model", "sentence-transformers model name or local directory for "
-               "the run's embedder (retrieval strategies)", str, "all-MiniLM-L6-v2",
-               metavar="NAME_OR_DIR"),
-    OptionSpec("embedding_backend", "how the embedder runs: onnx (an ONNX export on "
-               "onnxruntime, ranks as torch does) | onnx-int8 (int8 weights: faster, "
-               "rankings differ on some queries) | torch; each backend's vectors are "
-               "cached apart", _embedding_backend, "onnx", metavar="onnx|onnx-int8|torch"),
-    OptionSpec("repeats", "run each cell K times (repeats are averaged per item in reports)",
-               _positive_int("--budgetbench-repeats"), 1, metavar="K"),
-    OptionSpec("shuffle", "randomise cell order with the seed: on | off",
-               _choice("--budgetbench-shuffle", ("on", "off")), "off"),
-    OptionSpec("report", "write summary/paired/categories CSVs, plots and HTML at session "
-               "end: on | off", _choice("--budgetbench-report", ("on", "off")), "on"),
-    OptionSpec("reference", "reference cell for paired deltas, strategy@budget "
-               "(default: full_context at the largest budget)", _reference, None,
-               metavar="STRATEGY@BUDGET"),
-    OptionSpec("resamples", "bootstrap resamples per interval",
-               _positive_int("--budgetbench-resamples"), 2000),
-    OptionSpec("baseline", "a previous run's report.json for the regression gate", str, None,
-               metavar="REPORT_JSON"),
-    OptionSpec("max_regression", "fail when a strategy@budget's paired quality against the "
-               "baseline falls by more than D (interval excluding 0), or its violation rate "
-               "rose", _rate("--budgetbench-max-regression"), None, metavar="D"),
-    OptionSpec("price_in", "USD per 1M prompt tokens, for cost columns",
-               _non_negative_float("--budgetbench-price-in"), None, metavar="USD"),
-    OptionSpec("price_out", "USD per 1M output tokens, for cost columns",
-               _non_negative_float("--budgetbench-price-out"), None, metavar="USD"),
-    OptionSpec("cache", "response cache: on (shared across runs) | refresh (send again, "
-               "keep the new replies) | off (this run only); identical prompts are sent "
-               "once in every mode (default: on at temperature 0, else no caching)",
-               _choice("--budgetbench-cache", ("on", "off", "refresh")), None),
-    OptionSpec("cache_path", "the response cache's SQLite file (default: "
-               "<out>/responses.sqlite; a user cache directory works too)", str, None,
-               env="BUDGETBENCH_CACHE_PATH", metavar="FILE"),
-    OptionSpec("resume", "continue a run: its directory, or 'latest' in --budgetbench-out; "
-               "cells recorded ok or violation are kept, errors and missing cells run",
-               str, None, metavar="RUN_DIR|latest"),
-    OptionSpec("shard", "run shard i of n; items are split, so paired cells stay together "
-               "(merge with: budgetbench report DIR DIR ...)", parse_shard, None,
-               metavar="i/n"),
-    OptionSpec("concurrency", "model requests in flight at once, across xdist workers; "
-               "without xdist, N>1 runs N cells concurrently (default: one per process)",
-               _positive_int("--budgetbench-concurrency"), None, metavar="N"),
-    OptionSpec("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
-               "(each key must be one a strategy of the sweep declares)",
-               parse_key_values("--budgetbench-strategy-options"), None,
-               metavar="KEY=VALUE,..."),
-    OptionSpec("task_options", "options for the sweep's tasks, KEY=VALUE,KEY=VALUE (each key "
-               "must be one a task of the sweep declares)",
-               parse_key_values("--budgetbench-task-options"), None,
-               metavar="KEY=VALUE,..."),
-    OptionSpec("aux_models", "named auxiliary models for strategies, NAME=URL or "
-               "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
-               "endpoint)", parse_key_values("--budgetbench-aux-models"), None,
-               metavar="NAME=URL[#MODEL],..."),
-    OptionSpec("grader", "a grader variant per task instead of upstream's grader, "
-               "TASK:VARIANT,... (docs/tasks.md lists each task's variants)",
-               parse_grader_variants, None, metavar="TASK:VARIANT,..."),
-    OptionSpec("progress", "seconds between progress lines when the terminal is not a tty "
-               "(on a tty the line is updated in place); 0 turns progress off",
-               _non_negative_float("--budgetbench-progress"), 30.0, metavar="SECONDS"),
-)
-"""The core's options. Tasks and strategies declare their own (``options.Option``); the
-plugin turns those into more OptionSpecs (``section`` set) and passes them to
-:func:`load_settings`."""
-
-
-@dataclass(frozen=True)
 class Settings:
+    """The validated settings of a run. A field's default is its option's default and a
+    choice's ``Literal`` type is its option's choices (:data:`OPTIONS` reads both here)."""
+
     budgets: tuple[int, ...] = ()
     strategies: tuple[str, ...] = ("full_context", "truncation", "rag")
     tasks: tuple[str, ...] = ("memory",)
@@ -488,13 +157,13 @@ class Settings:
     seed: int = 0
     endpoint: str | None = None
     model: str | None = None
-    vision: str = "off"
+    vision: Literal["on", "off"] = "off"
     max_tokens: int = 32
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
     out: str = "reports"
-    audit: str = "full"
+    audit: Literal["full", "hash", "off"] = "full"
     max_violation_rate: float | None = None
     timeout: float = 300.0
     strategy_timeout: float = 600.0
@@ -505,15 +174,15 @@ class Settings:
     judge_endpoint: str | None = None
     judge_model: str | None = None
     repeats: int = 1
-    shuffle: str = "off"
-    report: str = "on"
+    shuffle: Literal["on", "off"] = "off"
+    report: Literal["on", "off"] = "on"
     reference: str | None = None
     resamples: int = 2000
     baseline: str | None = None
     max_regression: float | None = None
     price_in: float | None = None
     price_out: float | None = None
-    cache: str | None = None
+    cache: Literal["on", "off", "refresh"] | None = None
     cache_path: str | None = None
     resume: str | None = None
     shard: tuple[int, int] | None = None
@@ -584,6 +253,123 @@ class Settings:
         return recorded
 
 
+def _default(name: str) -> Any:
+    default = next(f for f in fields(Settings) if f.name == name).default
+    return None if default is MISSING else default  # a default_factory's: none given
+
+
+def _core(name: str, help: str, parse: Parser, **declared: Any) -> Option:
+    """A core option: it fills the field ``name`` of Settings, whose default is its own."""
+    return Option(name, help, parse, _default(name), **declared)
+
+
+def literal_values(kind: Any) -> tuple[Any, ...]:
+    """The values of a ``Literal`` type, also inside ``Literal[...] | None``."""
+    if get_origin(kind) is Literal:
+        return get_args(kind)
+    return tuple(value for arg in get_args(kind) for value in literal_values(arg))
+
+
+def _choices_of(name: str) -> Parser:
+    """The parser of a choice: the values of the ``Literal`` type of the field ``name``."""
+    return choice(*literal_values(get_type_hints(Settings)[name]))
+
+
+OPTIONS: tuple[Option, ...] = (
+    _core("budgets", "token budgets, comma-separated; turns the sweep on (off: no sweep, "
+          "even when the ini sets budgets)", parse_budgets, metavar="N,N|off",
+          ini_type="args", flag_names=("--budgets",)),
+    _core("strategies", "strategy names or module:attr, comma-separated", name_list,
+          ini_type="args"),
+    _core("tasks", "task names, module:attr or NAME=TASK(KEY=VALUE,...) instances, "
+          "comma-separated", parse_task_list, ini_type="args"),
+    _core("named_tasks", "task instances the sweep may name, NAME=TASK(KEY=VALUE,...), "
+          "comma-separated (in the ini: one per line), e.g. " + DEFINITION_EXAMPLE,
+          parse_named_tasks, metavar="NAME=TASK(KEY=VALUE,...),...", ini_type="linelist"),
+    _core("items", "items per task", positive_int),
+    _core("seed", "seed for generated tasks and sampling", integer),
+    _core("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
+          str, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
+    _core("model", "model id to request from the endpoint", str, env="BUDGETBENCH_MODEL"),
+    _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
+          "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
+    _core("max_tokens", "max output tokens per answer", positive_int),
+    _core("temperature", "sampling temperature", non_negative),
+    _core("api_key_env", "name of the environment variable holding the API key", str,
+          metavar="VAR"),
+    _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
+          parse_tokenizer),
+    _core("out", "directory for run records", str, metavar="DIR"),
+    _core("audit", "store post-strategy prompts: full | hash | off", _choices_of("audit")),
+    _core("max_violation_rate", "fail the session when a non-reference strategy's "
+          "violation rate exceeds R", rate, metavar="R"),
+    _core("timeout", "seconds per model request", seconds),
+    _core("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
+          "cell, its auxiliary calls included; a strategy over it errors that cell and "
+          "the sweep goes on", seconds, metavar="SECONDS"),
+    _core("retries", "attempts per model request before the cell errors", positive_int),
+    _core("threads", "CPU threads for the embedded server (default: the cores it may use)",
+          positive_int),
+    _core("judge_endpoint", "OpenAI-compatible base URL of an LLM judge (LongMemEval)",
+          str, env="BUDGETBENCH_JUDGE_ENDPOINT", metavar="URL"),
+    _core("judge_model", "model id of the LLM judge", str, env="BUDGETBENCH_JUDGE_MODEL"),
+    _core("embedding_model", "sentence-transformers model name or local directory for "
+          "the run's embedder (retrieval strategies)", str, metavar="NAME_OR_DIR"),
+    _core("embedding_backend", "how the embedder runs: onnx (an ONNX export on "
+          "onnxruntime, ranks as torch does) | onnx-int8 (int8 weights: faster, "
+          "rankings differ on some queries) | torch; each backend's vectors are "
+          "cached apart", _embedding_backend, metavar="onnx|onnx-int8|torch"),
+    _core("repeats", "run each cell K times (repeats are averaged per item in reports)",
+          positive_int, metavar="K"),
+    _core("shuffle", "randomise cell order with the seed: on | off", _choices_of("shuffle")),
+    _core("report", "write summary/paired/categories CSVs, plots and HTML at session "
+          "end: on | off", _choices_of("report")),
+    _core("reference", "reference cell for paired deltas, strategy@budget "
+          "(default: full_context at the largest budget)", _reference, metavar="STRATEGY@BUDGET"),
+    _core("resamples", "bootstrap resamples per interval", positive_int),
+    _core("baseline", "a previous run's report.json for the regression gate", str,
+          metavar="REPORT_JSON"),
+    _core("max_regression", "fail when a strategy@budget's paired quality against the "
+          "baseline falls by more than D (interval excluding 0), or its violation rate "
+          "rose", rate, metavar="D"),
+    _core("price_in", "USD per 1M prompt tokens, for cost columns", non_negative, metavar="USD"),
+    _core("price_out", "USD per 1M output tokens, for cost columns", non_negative, metavar="USD"),
+    _core("cache", "response cache: on (shared across runs) | refresh (send again, "
+          "keep the new replies) | off (this run only); identical prompts are sent "
+          "once in every mode (default: on at temperature 0, else no caching)",
+          _choices_of("cache")),
+    _core("cache_path", "the response cache's SQLite file (default: "
+          "<out>/responses.sqlite; a user cache directory works too)", str,
+          env="BUDGETBENCH_CACHE_PATH", metavar="FILE"),
+    _core("resume", "continue a run: its directory, or 'latest' in --budgetbench-out; "
+          "cells recorded ok or violation are kept, errors and missing cells run",
+          str, metavar="RUN_DIR|latest"),
+    _core("shard", "run shard i of n; items are split, so paired cells stay together "
+          "(merge with: budgetbench report DIR DIR ...)", parse_shard, metavar="i/n"),
+    _core("concurrency", "model requests in flight at once, across xdist workers; "
+          "without xdist, N>1 runs N cells concurrently (default: one per process)",
+          positive_int, metavar="N"),
+    _core("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
+          "(each key must be one a strategy of the sweep declares)",
+          parse_key_values("--budgetbench-strategy-options"), metavar="KEY=VALUE,..."),
+    _core("task_options", "options for the sweep's tasks, KEY=VALUE,KEY=VALUE (each key "
+          "must be one a task of the sweep declares)",
+          parse_key_values("--budgetbench-task-options"), metavar="KEY=VALUE,..."),
+    _core("aux_models", "named auxiliary models for strategies, NAME=URL or "
+          "NAME=URL#MODEL, comma-separated (default: every name uses the sweep's "
+          "endpoint)", parse_key_values("--budgetbench-aux-models"),
+          metavar="NAME=URL[#MODEL],..."),
+    _core("grader", "a grader variant per task instead of upstream's grader, "
+          "TASK:VARIANT,... (docs/tasks.md lists each task's variants)",
+          parse_grader_variants, metavar="TASK:VARIANT,..."),
+    _core("progress", "seconds between progress lines when the terminal is not a tty "
+          "(on a tty the line is updated in place); 0 turns progress off",
+          non_negative, metavar="SECONDS"),
+)
+"""The core's options. Tasks and strategies declare their own; the plugin turns those with
+a flag into more Options (``section`` set) and passes them to :func:`load_settings`."""
+
+
 def ini_text(raw: Any) -> str:
     """A TOML list (``[512, 2048]``) or a spaced ini line as the comma-separated text the
     command line takes."""
@@ -596,7 +382,7 @@ def ini_text(raw: Any) -> str:
 def load_settings(
     get_option: Callable[[str], Any],
     get_ini: Callable[[str], Any],
-    declared: Sequence[OptionSpec] = (),
+    declared: Sequence[Option] = (),
 ) -> Settings:
     """Build Settings from pytest's option and ini lookups, validating every value.
 
@@ -614,7 +400,7 @@ def load_settings(
             raw = get_ini(spec.ini) or None
         if raw is None and spec.env:
             raw = os.environ.get(spec.env) or None
-        value = spec.default if raw is None else spec.parse(ini_text(raw))
+        value = spec.default if raw is None else spec.read(ini_text(raw), spec.flags[0])
         if not spec.section:
             values[spec.dest] = value
         elif raw is not None:

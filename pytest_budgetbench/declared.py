@@ -3,7 +3,7 @@
 The core names no task: this module reads each registered class's ``data`` and
 ``options`` (:mod:`pytest_budgetbench.options`) and turns them into
 
-- flags with ini twins, as :class:`~pytest_budgetbench.config.OptionSpec`: one
+- flags with ini twins, as more :class:`~pytest_budgetbench.options.Option` objects: one
   ``--budgetbench-data-<task>`` per task with a data file, and one flag per option that
   names a ``flag`` (one flag for a key several classes declare);
 - the check, before collection, of ``--budgetbench-task-options`` and
@@ -16,13 +16,15 @@ heavy at module level (models, torch and embedders load on first use).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from pytest_budgetbench.config import OPTIONS, OptionSpec, Settings, TaskDefinition
+from pytest_budgetbench.config import OPTIONS, Settings
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.options import (
     Option,
+    Parser,
     check_keys,
     check_required,
     declared,
@@ -31,6 +33,7 @@ from pytest_budgetbench.options import (
 )
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
+from pytest_budgetbench.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Task, resolve_task
 
@@ -43,15 +46,15 @@ def flag_specs(
     strategies: Iterable[str] = (),
     *,
     registered: bool = True,
-    known: Iterable[OptionSpec] = (),
+    known: Iterable[Option] = (),
     named: Mapping[str, TaskDefinition] | None = None,
-) -> list[OptionSpec]:
+) -> list[Option]:
     """The declared flags of the registered tasks and strategies (unless not
     ``registered``), of the ``module:attr`` ones among ``tasks`` and ``strategies`` and of
     the ``named`` task instances, in registry order; none whose dest is among ``known`` or
     the core's. A named instance that does not resolve gets no flags here: the settings
     check reports it."""
-    specs: dict[str, OptionSpec] = {spec.dest: spec for spec in (*OPTIONS, *known)}
+    specs: dict[str, Option] = {spec.dest: spec for spec in (*OPTIONS, *known)}
     taken = set(specs)
     task_classes = TASKS.classes(tasks, registered=registered)
     for name in named or {}:
@@ -70,25 +73,30 @@ def flag_specs(
     return [spec for dest, spec in specs.items() if dest not in taken]
 
 
-def _data_spec(name: str, what: str) -> OptionSpec:
-    return OptionSpec(f"data_{name}", f"path of the {name} data ({what})", str,
-                      env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", section="data",
-                      key=name)
+def _data_spec(name: str, what: str) -> Option:
+    dest = f"data_{name}"
+    # Named after the task exactly (--budgetbench-data-longbench_v2), and all dashes.
+    dashed = "--budgetbench-data-" + name.replace("_", "-")
+    flags = dict.fromkeys(("--budgetbench-data-" + name, dashed))
+    return Option(name, f"path of the {name} data ({what})", str,
+                  env=f"BUDGETBENCH_DATA_{name.upper()}", metavar="PATH", dest=dest,
+                  section="data", flag_names=tuple(flags))
 
 
-def _add_flags(specs: dict[str, OptionSpec], cls: type[Any], section: str) -> None:
+def _add_flags(
+    specs: dict[str, Option], cls: type[Any], section: Literal["task", "strategy"]
+) -> None:
     for option in declared(cls):
         if option.flag is None:
             continue
         dest = option.flag.replace("-", "_")
         # The first declaration of a flag wins; a clash with a core option is dropped.
-        specs.setdefault(dest, OptionSpec(
-            dest, f"{option.help} ({section} option {option.key})", _validator(option),
-            option.default, env=option.env, metavar=option.metavar, section=section,
-            key=option.key))
+        specs.setdefault(dest, dataclasses.replace(
+            option, help=f"{option.help} ({section} option {option.key})",
+            parse=_validator(option), dest=dest, section=section))
 
 
-def _validator(option: Option) -> Any:
+def _validator(option: Option) -> Parser:
     flag = "--budgetbench-" + option.flag.replace("_", "-") if option.flag else option.key
 
     def validate(raw: str) -> str:

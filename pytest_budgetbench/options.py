@@ -16,15 +16,23 @@ underscores) and, when ``env`` is set, an environment variable. Keys are flat: a
 accepted when a task (strategy) of the sweep declares it, and each declaring class parses
 it. Keys carry their owner in their name where they are not shared (``budgetmem_axis``).
 
+The core's own options (:data:`pytest_budgetbench.config.OPTIONS`) are Options too, with
+``dest`` the field of Settings they fill, and the same parsers: one family, where a parser
+raises ``ValueError("must be ...")`` and :meth:`Option.read` names the option and the value
+(``--budgetbench-items must be a positive integer (got '0')``). A parser whose message must
+quote part of the value (one entry of a list) raises a complete ConfigError instead. Choices
+are case-insensitive everywhere: ``--budgetbench-report=OFF`` is ``off``.
+
 This module is at the bottom of the package: it imports nothing heavy, so reading a
 class's declarations costs no more than importing the class.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pytest_budgetbench.errors import ConfigError
 
@@ -35,7 +43,7 @@ what is expected, e.g. ``must be a positive integer``."""
 
 @dataclass(frozen=True)
 class Option:
-    """One option of a task or strategy."""
+    """One option: of a task or strategy, or of the core (``dest`` and ``section`` set)."""
 
     key: str
     help: str
@@ -48,6 +56,22 @@ class Option:
     required: bool = False
     """No usable default (e.g. a model directory): a sweep with a class that declares it
     must give it, or it is a usage error before collection (:func:`check_required`)."""
+    dest: str = ""
+    """The argparse dest of its flag, ``budgetbench_<dest>``, and its ini ``budgetbench_<dest>``;
+    for a core option, the field of Settings it fills (the ``key`` when not given)."""
+    section: Literal["", "data", "task", "strategy"] = ""
+    """Where a flag's value goes: "" a core option, a field of Settings; "data"
+    (``Settings.data_paths``), "task" (``Settings.task_flags``) or "strategy"
+    (``Settings.strategy_flags``), under ``key`` (for "data": the task's name)."""
+    ini_type: Literal["string", "args", "linelist"] = "string"
+    """pytest's ini type; "args" also takes a TOML list (``budgetbench_budgets = [512, 2048]``),
+    "linelist" one entry per line (or a TOML list)."""
+    flag_names: tuple[str, ...] = ()
+    """The flags, where they are not ``--budgetbench-<flag or dest, dashed>``."""
+
+    def __post_init__(self) -> None:
+        if not self.dest:
+            object.__setattr__(self, "dest", self.key)
 
     def read(self, raw: str, where: str) -> Any:
         """The parsed value; a bad one is a ConfigError naming ``where`` and the value."""
@@ -55,6 +79,26 @@ class Option:
             return self.parse(str(raw).strip())
         except ValueError as exc:
             raise ConfigError(f"{where} {exc} (got {raw!r})") from None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """Its flags, the first the one messages name."""
+        return self.flag_names or ("--budgetbench-" + (self.flag or self.dest).replace("_", "-"),)
+
+    @property
+    def ini(self) -> str:
+        return "budgetbench_" + self.dest
+
+    @property
+    def ini_default(self) -> str | list[str]:
+        return "" if self.ini_type == "string" else []
+
+    @property
+    def default_text(self) -> str:
+        """The default as a user would type it: ``full_context,truncation,rag``."""
+        if isinstance(self.default, tuple):
+            return ",".join(str(part) for part in self.default)
+        return str(self.default)
 
 
 @dataclass(frozen=True)
@@ -136,13 +180,61 @@ def text(raw: str) -> str:
     return raw
 
 
+def is_count(raw: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() rejects."""
+    return raw.isascii() and raw.isdigit()
+
+
 def positive_int(raw: str) -> int:
-    if not (raw.isascii() and raw.isdigit()) or int(raw) <= 0:
+    if not is_count(raw) or int(raw) <= 0:
         raise ValueError("must be a positive integer")
     return int(raw)
 
 
+def integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("must be an integer") from None
+
+
+def _float(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan  # fails every range check below
+
+
+def rate(raw: str) -> float:
+    value = _float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be a rate between 0 and 1, e.g. 0.05")
+    return value
+
+
+def non_negative(raw: str) -> float:
+    value = _float(raw)
+    if not value >= 0:  # also rejects nan
+        raise ValueError("must be a number >= 0")
+    return value
+
+
+def seconds(raw: str) -> float:
+    value = _float(raw)
+    if not 0 < value < math.inf:  # also rejects nan
+        raise ValueError("must be a number of seconds > 0, e.g. 30")
+    return value
+
+
+def name_list(raw: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not names:
+        raise ValueError("must name at least one entry, e.g. a,b")
+    return names
+
+
 def choice(*choices: str) -> Parser:
+    """One of ``choices`` (lower case), in any case: ``OFF`` is ``off``."""
     def parse(raw: str) -> str:
         if raw.lower() not in choices:
             raise ValueError(f"must be one of {'|'.join(choices)}")

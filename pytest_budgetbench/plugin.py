@@ -20,21 +20,19 @@ import pytest
 
 from pytest_budgetbench.config import (
     OPTIONS,
-    OptionSpec,
     Settings,
-    TaskDefinition,
     ini_text,
     load_settings,
-    parse_task_definition,
-    split_top_level,
 )
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
+from pytest_budgetbench.options import Option
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
+from pytest_budgetbench.task_grammar import TaskDefinition, parse_task_definition, split_top_level
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
 
-DECLARED_KEY = pytest.StashKey[list[OptionSpec]]()
+DECLARED_KEY = pytest.StashKey[list[Option]]()
 """The flags tasks and strategies declare, as registered for this run."""
 
 if TYPE_CHECKING:
@@ -44,7 +42,7 @@ if TYPE_CHECKING:
     from pytest_budgetbench.session import BudgetBenchSession
 
 
-_registered: list[OptionSpec] = []
+_registered: list[Option] = []
 """The declared flags of the registered tasks and strategies, as the latest
 pytest_addoption found them (each Config calls it first, so it is that Config's)."""
 
@@ -99,7 +97,7 @@ def _instances(config: pytest.Config, tasks: list[str]) -> dict[str, TaskDefinit
     return found
 
 
-def _add_options(parser: pytest.Parser, specs: Sequence[OptionSpec]) -> None:
+def _add_options(parser: pytest.Parser, specs: Sequence[Option]) -> None:
     group = parser.getgroup("budgetbench", "memory strategies under a token budget")
     added = {option.dest for option in group.options}
     for spec in specs:

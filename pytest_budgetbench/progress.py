@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.records import Status
+
 if TYPE_CHECKING:
     from pytest_budgetbench.runner import CellResult
 
@@ -31,7 +33,7 @@ def cell_properties(result: CellResult) -> list[tuple[str, Any]]:
         "task": cell.task,
         "strategy": cell.strategy_name or cell.strategy,
         "budget": cell.budget,
-        "status": result.status,
+        "status": result.status.value,  # plain text: xdist serialises user properties
         "quality": result.quality,
         "cached": bool(result.row.get("cached")),
     })]
@@ -58,8 +60,8 @@ class TaskProgress:
     def add(self, note: dict[str, Any]) -> None:
         self.done += 1
         self.cached += bool(note.get("cached"))
-        self.violations += note.get("status") == "violation"
-        self.errors += note.get("status") == "error"
+        self.violations += note.get("status") == Status.VIOLATION
+        self.errors += note.get("status") == Status.ERROR
         if note.get("quality") is not None:
             self.quality[(str(note["strategy"]), int(note["budget"]))].append(
                 float(note["quality"])

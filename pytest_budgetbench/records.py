@@ -22,6 +22,7 @@ import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,18 @@ from pytest_budgetbench.errors import ConfigError, RecordError
 SCHEMA_VERSION = 2
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
+
+
+class Status(StrEnum):
+    """How a cell ended. A StrEnum, so a status equals its text (``Status.OK == "ok"``)
+    and is written to cells.jsonl as that text."""
+
+    OK = "ok"
+    """Sent within budget and graded."""
+    VIOLATION = "violation"
+    """The post-strategy prompt counted more tokens than the budget; nothing was sent."""
+    ERROR = "error"
+    """The strategy, the model or the grader failed; also a cell that never finished."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,7 +68,7 @@ class CellRow(Mapping[str, Any]):
     reference: bool = False
     budget: int
     repeat: int = 0
-    status: str = "error"  # ok | violation | error; a cell that never finishes errored
+    status: Status = Status.ERROR  # a cell that never finishes errored
     counted_tokens: int | None = None
     server_prompt_tokens: int | None = None
     token_count_match: bool | None = None
@@ -121,7 +134,20 @@ class CellRow(Mapping[str, Any]):
                 f"field '{missing[0]}' (schema {record.get('schema', '?')}); it was not "
                 f"written by budgetbench, or the file is damaged"
             )
-        return cls(**{name: record[name] for name in ROW_FIELDS if name in record})
+        values = {name: record[name] for name in ROW_FIELDS if name in record}
+        if "status" in values:
+            values["status"] = _status(values["status"], record)
+        return cls(**values)
+
+
+def _status(raw: Any, record: Mapping[str, Any]) -> Status:
+    try:
+        return Status(raw)
+    except ValueError:
+        raise ValueError(
+            f"cells.jsonl row {record.get('cell_id', '(no cell_id)')!r} has the status "
+            f"{raw!r}; a status is one of {', '.join(s.value for s in Status)}"
+        ) from None
 
 
 ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CellRow))

@@ -26,7 +26,7 @@ from typing import Any
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.definition import same_gold, show
 from pytest_budgetbench.errors import ConfigError, DataError
-from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, append_jsonl, read_jsonl
+from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, Status, append_jsonl, read_jsonl
 from pytest_budgetbench.runner import make_task
 from pytest_budgetbench.tasks import Item, Task
 
@@ -134,7 +134,7 @@ class _Graders:
 
     def regrade(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The row graded again, or None when it is kept as it is."""
-        if row.get("status") != "ok" or not isinstance(row.get("prediction"), str):
+        if row.get("status") != Status.OK or not isinstance(row.get("prediction"), str):
             return None
         if _JUDGED in str(row.get("grader") or ""):
             return None

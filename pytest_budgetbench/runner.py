@@ -39,7 +39,7 @@ from pytest_budgetbench.model import (
     Completion,
     redact_url,
 )
-from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore
+from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
 from pytest_budgetbench.tasks.base import CHUNK_TOKENS
@@ -153,8 +153,8 @@ class CellResult:
                 f"prediction={self.prediction!r}>")
 
     @property
-    def status(self) -> str:
-        return str(self.row.status)
+    def status(self) -> Status:
+        return self.row.status
 
     @property
     def quality(self) -> float | None:
@@ -171,7 +171,7 @@ class CellResult:
     ) -> CellResult:
         """The result a resumed run already recorded for this cell (any schema version)."""
         row = CellRow.from_record(record)
-        violation = str(row.error or "") if row.status == "violation" else ""
+        violation = str(row.error or "") if row.status == Status.VIOLATION else ""
         return cls(cell, item, row, prompt, bool(row.reference), violation)
 
 
@@ -276,7 +276,7 @@ class Runner:
             # The test errors (or the run stops), but the cell still gets its one row.
             if context is not None:
                 self._record_strategy(row, context)
-            row.status, row.error = "error", str(exc)
+            row.status, row.error = Status.ERROR, str(exc)
             self.store.write_row(row)
             raise
         finally:
@@ -301,13 +301,13 @@ class Runner:
         check = BudgetCheck(counted, cell.budget)
         if not check.fits:
             message = violation_message(cell.cell_id, strategy.name, check, self.tokens)
-            row.status, row.error = "violation", message
+            row.status, row.error = Status.VIOLATION, message
             self.store.write_row(row)
             return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
 
         completion = self._call(prompt, timer)
         grade = task.grade(item, completion.text)
-        row.status = "ok"
+        row.status = Status.OK
         row.prediction = completion.text
         row.extracted = grade.extracted
         row.quality = grade.quality

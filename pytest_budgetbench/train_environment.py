@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.records import Status
 from pytest_budgetbench.runner import CellResult, Runner
 from pytest_budgetbench.strategies.base import Embedder
 from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome
@@ -62,7 +63,7 @@ class PipelineEnvironment:
         result = self.runner.run(cell, strategy=strategy)
         outcome = strategy.outcome
         tiers = {m: t.name for m, t in outcome.tiers.items()} if outcome else {}
-        if result.status != "ok":
+        if result.status != Status.OK:
             return EpisodeResult(0.0, 0.0, tiers)  # system plus query alone overflow
         return EpisodeResult(result.quality or 0.0, self._cost(result, outcome), tiers)
 

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
-from pytest_budgetbench.config import OPTIONS, Settings, load_settings, parse_budgets
+from pytest_budgetbench.config import (
+    OPTIONS,
+    Settings,
+    literal_values,
+    load_settings,
+    parse_budgets,
+)
 from pytest_budgetbench.declared import flag_specs
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.options import Option
 
 DECLARED = flag_specs()
 ALL = (*OPTIONS, *DECLARED)
@@ -145,7 +153,40 @@ def test_bad_values_raise_config_error_naming_the_value(dest: str, raw: str) -> 
     message = str(info.value)
     assert repr(raw) in message or f"={raw} " in message
     spec = next(s for s in ALL if s.dest == dest)
-    assert spec.flag in message  # and the option it belongs to
+    assert spec.flags[0] in message  # and the option it belongs to
+
+
+def test_core_task_and_strategy_options_are_one_type() -> None:
+    assert all(type(spec) is Option for spec in ALL)
+    assert {spec.section for spec in OPTIONS} == {""}
+    assert {spec.section for spec in DECLARED} == {"data", "task", "strategy"}
+
+
+def test_each_core_default_and_choice_is_stated_once_in_settings() -> None:
+    hints = get_type_hints(Settings)
+    for spec in OPTIONS:
+        field = next(f for f in dataclasses.fields(Settings) if f.name == spec.dest)
+        assert spec.default == (None if field.default is dataclasses.MISSING else field.default)
+        for value in literal_values(hints[spec.dest]):
+            assert spec.read(value.upper(), "x") == value
+        if literal_values(hints[spec.dest]):
+            with pytest.raises(ConfigError, match="must be one of " + "[|]".join(
+                    literal_values(hints[spec.dest]))):
+                spec.read("neither", spec.flags[0])
+    assert literal_values(hints["cache"]) == ("on", "off", "refresh")
+
+
+@pytest.mark.parametrize(("dest", "raw", "expected"),
+                         [("report", "OFF", "off"), ("audit", "Hash", "hash"),
+                          ("cache", " Refresh ", "refresh"), ("vision", "on", "on")])
+def test_a_choice_is_taken_in_any_case(dest: str, raw: str, expected: str) -> None:
+    assert getattr(load(cli={dest: raw}), dest) == expected
+
+
+def test_a_bad_choice_names_the_choices_and_the_value() -> None:
+    with pytest.raises(ConfigError, match=r"^--budgetbench-report must be one of on\|off "
+                                          r"\(got 'maybe'\)$"):
+        load(cli={"report": "maybe"})
 
 
 def test_bad_ini_value_raises_too() -> None:

@@ -23,6 +23,7 @@ from pytest_budgetbench.records import (
     SCHEMA_VERSION,
     CellRow,
     RunStore,
+    Status,
     append_jsonl,
     read_jsonl,
 )
@@ -254,6 +255,25 @@ def test_an_older_row_without_optional_fields_takes_the_defaults() -> None:
                                "future_field": 1})
     assert (row.schema, row.aux_calls, row.aux_s, row.quality) == (SCHEMA_VERSION, [], 0.0, None)
     assert "future_field" not in row.record()
+
+
+def test_a_row_status_is_a_status_that_is_written_as_its_text(tmp_path: Path) -> None:
+    row = CellRow.from_record({"cell_id": "c", "run_id": "r", "task": "t", "item_id": "i",
+                               "strategy": "s", "budget": 8, "status": "violation"})
+    assert row.status is Status.VIOLATION and row.status == "violation"
+    assert CellRow(run_id="r", cell_id="c", task="t", item_id="i", strategy="s",
+                   budget=8).status is Status.ERROR  # a cell that never finishes errored
+    store = RunStore(tmp_path / "run")
+    store.cells_path.parent.mkdir(parents=True)
+    store.write_row(dataclasses.replace(row, status=Status.OK))
+    assert '"status": "ok"' in store.cells_path.read_text("utf-8")
+
+
+def test_a_row_with_an_unknown_status_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"'c9' has the status 'skipped'; a status is one of "
+                                         r"ok, violation, error"):
+        CellRow.from_record({"cell_id": "c9", "run_id": "r", "task": "t", "item_id": "i",
+                             "strategy": "s", "budget": 8, "status": "skipped"})
 
 
 def test_a_row_without_a_required_field_is_one_clear_error() -> None:

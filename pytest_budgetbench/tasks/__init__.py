@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pytest_budgetbench.config import TaskDefinition
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.registry import Registry
+from pytest_budgetbench.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
 
 __all__ = ["REGISTRY", "Grade", "Item", "Task", "TaskOptions", "resolve_task", "sweep_tasks"]

@@ -7,7 +7,9 @@
 another, and every other KEY=VALUE becomes the default of the option the task declares
 under that key (``--budgetbench-task-options`` still overrides it, for every task that
 declares the key). Any task can be instantiated so, a built-in, an entry point or a
-``module:attr`` class alike.
+``module:attr`` class alike. The definition's text is read by
+:mod:`pytest_budgetbench.task_grammar` (below the settings, which check it before any
+task is imported); this module turns a parsed definition into its class.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import dataclasses
 import functools
 from typing import Any
 
-from pytest_budgetbench.config import TaskDefinition
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.registry import Registry
+from pytest_budgetbench.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import Task
 
 PATH_KEY = "path"
