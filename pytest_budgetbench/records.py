@@ -45,6 +45,10 @@ class Status(StrEnum):
     """The strategy, the model or the grader failed; also a cell that never finished."""
 
 
+FINAL_STATUSES = frozenset({Status.OK, Status.VIOLATION})
+"""A cell recorded with one of these is done: a resume keeps it; errors run again."""
+
+
 @dataclass(kw_only=True, slots=True)
 class CellRow(Mapping[str, Any]):
     """One cells.jsonl row: the schema. The runner fills it, :class:`RunStore` writes it,

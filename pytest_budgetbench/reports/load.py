@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import ReportError
-from pytest_budgetbench.records import CELLS_FILE, ROW_FIELDS, RUN_FILE
+from pytest_budgetbench.records import CELLS_FILE, FINAL_STATUSES, ROW_FIELDS, RUN_FILE, Status
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -279,14 +279,14 @@ def _typed(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     df = df.dropna(subset=["budget"])
     df["budget"] = df["budget"].astype("int64")
     df["repeat"] = pd.to_numeric(df["repeat"], errors="coerce").fillna(0).astype("int64")
-    df["status"] = df["status"].fillna("error").astype(str)
+    df["status"] = df["status"].fillna(Status.ERROR.value).astype(str)
     df["category"] = df["category"].map(_category).astype(str)
     df["reference"] = df["reference"].eq(True).astype(bool)
     for name in NUMERIC_FIELDS:
         df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
     df["aux_calls"] = df["aux_calls"].map(_aux_call_count).astype("float64")
     # Only scored, admitted cells have a quality; a stray value on another row is ignored.
-    df.loc[df["status"] != "ok", "quality"] = float("nan")
+    df.loc[df["status"] != Status.OK, "quality"] = float("nan")
     for name in _SHARED_STRINGS.intersection(df.columns):
         df[name] = _shared(df[name])
     return df
@@ -334,7 +334,6 @@ def _merged(blocks: list[pd.DataFrame], notes: list[str] | None = None,
 
 _SOURCE = "_budgetbench_run"
 """A column load() adds while it merges several runs: the index of each row's run."""
-FINAL_STATUSES = ("ok", "violation")
 
 
 def superseded_notes(df: pd.DataFrame, duplicate: pd.Series, runs: Sequence[str]

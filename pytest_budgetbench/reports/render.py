@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.records import Status
 from pytest_budgetbench.reports.plots import Plot
 from pytest_budgetbench.reports.tables import key_values
 
@@ -161,7 +162,7 @@ class Document:
 
 def error_lines(rows: pd.DataFrame) -> list[tuple[str, str, int]]:
     """The distinct error messages of errored cells: (strategy, message, count)."""
-    errors = rows.loc[rows["status"] == "error", ["strategy", "error"]].fillna("")
+    errors = rows.loc[rows["status"] == Status.ERROR, ["strategy", "error"]].fillna("")
     if errors.empty:
         return []
     counts = errors.groupby(["strategy", "error"], sort=False).size().sort_values(ascending=False)

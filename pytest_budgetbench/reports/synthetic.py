@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.records import CELLS_FILE, PROMPTS_FILE, CellRow
+from pytest_budgetbench.records import CELLS_FILE, PROMPTS_FILE, CellRow, Status
 
 
 def make_row(
@@ -21,7 +21,7 @@ def make_row(
     strategy: str = "truncation",
     budget: int = 1000,
     *,
-    status: str = "ok",
+    status: Status = Status.OK,
     quality: float | None = 1.0,
     repeat: int = 0,
     reference: bool = False,
@@ -45,19 +45,19 @@ def make_row(
         budget=budget,
         repeat=repeat,
         status=status,
-        counted_tokens=tokens if status != "error" else None,
-        utilisation=round(tokens / budget, 4) if status != "error" else None,
-        quality=quality if status == "ok" else None,
-        prediction="answer" if status == "ok" else None,
-        strategy_s=0.01 if status != "error" else None,
-        model_s=0.5 if status == "ok" else None,
-        output_tokens=8 if status == "ok" else None,
+        counted_tokens=tokens if status != Status.ERROR else None,
+        utilisation=round(tokens / budget, 4) if status != Status.ERROR else None,
+        quality=quality if status == Status.OK else None,
+        prediction="answer" if status == Status.OK else None,
+        strategy_s=0.01 if status != Status.ERROR else None,
+        model_s=0.5 if status == Status.OK else None,
+        output_tokens=8 if status == Status.OK else None,
         aux_calls=[],
         aux_input_tokens=0,
         aux_output_tokens=0,
         aux_s=0.0,
         model="synthetic",
-        error="" if status != "error" else "synthetic error",
+        error="" if status != Status.ERROR else "synthetic error",
         seed=0,
     )
     return CellRow(**(fields | extra)).record()
@@ -98,7 +98,7 @@ def iter_synthetic_rows(
                         rate = 0.35 + 0.5 * min(tokens, top) / top - 0.03 * s_index
                         yield make_row(
                             task, item_id, strategy, budget,
-                            status="ok" if fits else "violation",
+                            status=Status.OK if fits else Status.VIOLATION,
                             quality=float(rng.random() < rate), repeat=repeat,
                             reference=is_ref, category=category,
                             counted_tokens=tokens if fits else budget + 1 + tokens % 50,

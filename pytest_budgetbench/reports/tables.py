@@ -16,6 +16,7 @@ import numpy as np
 
 from pytest_budgetbench.cells import split_reference, violation_rate
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.records import Status
 from pytest_budgetbench.reports.stats import (
     bootstrap_cis,
     cell_rng,
@@ -31,7 +32,7 @@ CATEGORY_CELL: tuple[str, ...] = ("task", "category", "strategy", "budget")
 DEFAULT_REFERENCE = "full_context"
 
 # Item status after merging repeats: admitted if any repeat was, else violation if any was.
-ADMITTED, VIOLATION, ERROR = "ok", "violation", "error"
+ADMITTED, VIOLATION, ERROR = Status.OK, Status.VIOLATION, Status.ERROR
 
 
 def key_values(key: Hashable) -> tuple[Any, ...]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.cells import violation_rate
+from pytest_budgetbench.records import Status
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import GateVerdict
@@ -63,7 +64,7 @@ def report_stats(report: Report, rows: Iterable[Mapping[str, Any]]) -> list[Cell
     which the report does not count, from the rows)."""
     mismatches: dict[tuple[str, str, int], int] = defaultdict(int)
     for row in rows:
-        if row["status"] == "ok" and row.get("token_count_match") is False:
+        if row["status"] == Status.OK and row.get("token_count_match") is False:
             mismatches[(row["task"], row["strategy"], int(row["budget"]))] += 1
     stats = []
     for cell in report.summary.to_dict("records"):
@@ -100,7 +101,7 @@ def _mean(values: list[float]) -> float | None:
 def _stats(
     key: tuple[str, str, int], rows: list[Mapping[str, Any]], resamples: int, seed: int
 ) -> CellStats:
-    admitted = [r for r in rows if r["status"] == "ok"]
+    admitted = [r for r in rows if r["status"] == Status.OK]
     scores = [float(r["quality"]) for r in admitted if r.get("quality") is not None]
     lo, hi = _interval(scores, key, resamples, seed)
     return CellStats(
@@ -110,8 +111,8 @@ def _stats(
         reference=any(bool(r.get("reference")) for r in rows),
         n=len(rows),
         ok=len(admitted),
-        violations=sum(r["status"] == "violation" for r in rows),
-        errors=sum(r["status"] == "error" for r in rows),
+        violations=sum(r["status"] == Status.VIOLATION for r in rows),
+        errors=sum(r["status"] == Status.ERROR for r in rows),
         mean_quality=_mean(scores),
         quality_lo=lo,
         quality_hi=hi,
@@ -185,7 +186,7 @@ def write_summary(
     cached = sum(1 for r in rows if r.get("cached"))
     if cached:
         terminalreporter.write_line(
-            f"{cached} of {sum(r['status'] == 'ok' for r in rows)} answers came from the "
+            f"{cached} of {sum(r['status'] == Status.OK for r in rows)} answers came from the "
             "response cache (model s is the original call's)"
         )
     for verdict in verdicts:
@@ -215,7 +216,7 @@ def reference_notes(rows: list[dict[str, Any]]) -> list[str]:
         default = (strategy, max(int(r["budget"]) for r in mine if r["strategy"] == strategy))
         admitted: dict[tuple[str, int], int] = defaultdict(int)
         for r in mine:
-            if r["status"] == "ok" and r.get("quality") is not None:
+            if r["status"] == Status.OK and r.get("quality") is not None:
                 admitted[(r["strategy"], int(r["budget"]))] += 1
         chosen = pairing_reference(default, admitted)
         label = f"{default[0]}@{default[1]}"

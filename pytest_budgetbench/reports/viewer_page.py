@@ -20,6 +20,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from pytest_budgetbench.records import Status
 from pytest_budgetbench.reports.viewer import page_json
 
 STYLE = """
@@ -106,9 +107,10 @@ def _cell_tables(document: Mapping[str, Any], note: str) -> str:
         merged: dict[int, tuple[str, list[float], Any]] = {}
         for row in item["rows"]:
             status, scores, tokens = merged.get(row["c"], ("", [], row.get("t")))
-            if row.get("s") == "ok" and isinstance(row.get("q"), int | float):
+            if row.get("s") == Status.OK and isinstance(row.get("q"), int | float):
                 scores.append(float(row["q"]))
-            merged[row["c"]] = (_merge_status(status, str(row.get("s", "error"))), scores, tokens)
+            row_status = str(row.get("s", Status.ERROR.value))
+            merged[row["c"]] = (_merge_status(status, row_status), scores, tokens)
         for cell, (status, scores, tokens) in merged.items():
             quality = f"{sum(scores) / len(scores):.3f}" if scores else ""
             per_cell[cell].append(
@@ -133,7 +135,7 @@ def _cell_tables(document: Mapping[str, Any], note: str) -> str:
 
 def _merge_status(before: str, status: str) -> str:
     """Repeats merge as the item table merges them: ok if any, else violation if any."""
-    order = {"ok": 0, "violation": 1, "error": 2}
+    order = {Status.OK.value: 0, Status.VIOLATION.value: 1, Status.ERROR.value: 2}
     if not before:
         return status
     return min(before, status, key=lambda s: order.get(s, 3))
