@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench import definition, preflight, wiring
+from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values, task_values
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     ConfigError,
@@ -37,7 +39,7 @@ from pytest_budgetbench.errors import (
 )
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
-from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Timer
+from pytest_budgetbench.runner import CellResult, Runner, Timer
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -21,9 +21,10 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
      "options", "gguf_models"),
-    ("budget", "framing", "model", "launcher", "cache", "embeddings", "config", "cells"),
+    ("budget", "framing", "model", "endpoint", "aux_model", "launcher", "cache", "embeddings",
+     "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
-    ("declared", "runner"),
+    ("declared", "catalog", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),
     ("progress", "failures", "arguments"),
     ("sweep_tests",),

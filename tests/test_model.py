@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model import ChatModel, Completion, free_port, probe_endpoint
-from pytest_budgetbench.runner import redact_url
+from pytest_budgetbench.model import ChatModel, Completion, free_port, probe_endpoint, redact_url
 from tests.fake_openai import FakeOpenAI, returning_within
 
 SECRET = "sk-secret-123"
