@@ -111,7 +111,7 @@ class SweepModule(pytest.Module):
         return False
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
-        from pytest_budgetbench.sweep_tests import SESSION_KEY
+        from pytest_budgetbench.session import SESSION_KEY
 
         session = self.config.stash[SESSION_KEY]
         # A function with no parameter sets would become one skipped placeholder item.

@@ -29,7 +29,8 @@ from pytest_budgetbench.config import (
 )
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.redact import redact, register_secret, register_url
-from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
+from pytest_budgetbench.session import SESSION_KEY
+from pytest_budgetbench.sweep_tests import assert_within_budget
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
 

@@ -22,6 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_budgetbench import definition, preflight, wiring
 from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell, GateSpec, build_cells, gate_specs
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
     from pytest_budgetbench.cache import ResponseStore
     from pytest_budgetbench.launcher import Launcher, LaunchService, ServerLauncher
 
+SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
+"""The run object of this pytest process, in ``config.stash`` (beside its class, as
+pytest keeps its own stash keys)."""
 WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
 """A resumed run keeps cells recorded with these; errors and missing cells run again."""

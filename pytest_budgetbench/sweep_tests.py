@@ -10,16 +10,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_budgetbench.errors import BudgetExceeded
+from pytest_budgetbench.session import SESSION_KEY
 
 if TYPE_CHECKING:
     from pytest_budgetbench.collect import GateVerdict
     from pytest_budgetbench.runner import CellResult
-    from pytest_budgetbench.session import BudgetBenchSession  # noqa: F401 - in the key
 
 pytestmark = [pytest.mark.budgetbench]
-
-SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
-"""The run object of this pytest process, in ``config.stash``."""
 
 
 def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
