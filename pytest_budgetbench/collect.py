@@ -22,26 +22,22 @@ How it fits pytest (8 and 9 alike):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_budgetbench import nodeids
 from pytest_budgetbench.cells import GateSpec
+from pytest_budgetbench.nodeids import GATES_SCOPE, SWEEP_NODE
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
 
-SWEEP_NODE = "budgetbench"
-GATES_SCOPE = "budgetbench::gate"
 SELECTORS_KEY = pytest.StashKey["list[Selector]"]()
 EXPLICIT_PATHS_KEY = pytest.StashKey[bool]()
 """True when the command line names paths (files, test ids) and no directory."""
-
-# An old-style xdist loadgroup suffix ("...]@memory-0000") is accepted and ignored.
-_GROUP_SUFFIX = re.compile(r"(?<=\])@[^\[\]]*$")
 
 
 @dataclass(frozen=True)
@@ -53,25 +49,24 @@ class Selector:
 
     @classmethod
     def parse(cls, arg: str) -> Selector:
-        base = _GROUP_SUFFIX.sub("", arg)
-        _path, *names = base.split("::")
-        return cls(arg, tuple(n for n in names if n))
+        _path, names = nodeids.split(arg)
+        return cls(arg, names)
 
     def matches(self, item: pytest.Item) -> bool:
         if not self.names:
             return True
         (name,) = self.names[-1:]
-        if "[" in name:
+        if nodeids.has_params(name):
             return item.name == name
-        return item.name.split("[")[0] == name
+        return nodeids.function_of(item.name) == name
 
 
 def is_sweep_arg(arg: str, invocation_dir: Path) -> bool:
     """``budgetbench`` or ``budgetbench::...``, unless a real path of that name exists."""
-    path = arg.split("::")[0]
+    path = nodeids.path_of(arg)
     if path.rstrip("/") != SWEEP_NODE:
         return False
-    return "::" in arg or not (invocation_dir / path).exists()
+    return nodeids.names_a_test(arg) or not (invocation_dir / path).exists()
 
 
 def take_sweep_args(config: pytest.Config) -> None:
@@ -83,7 +78,7 @@ def take_sweep_args(config: pytest.Config) -> None:
     config.stash[SELECTORS_KEY] = [Selector.parse(arg) for arg in ours]
     explicit = config.args_source == pytest.Config.ArgsSource.ARGS and bool(config.args)
     config.stash[EXPLICIT_PATHS_KEY] = explicit and not any(
-        (invocation_dir / arg.split("::")[0]).is_dir() for arg in config.args
+        (invocation_dir / nodeids.path_of(arg)).is_dir() for arg in config.args
     )
 
 
@@ -105,7 +100,7 @@ class SweepModule(pytest.Module):
         return sweep_tests
 
     def funcnamefilter(self, name: str) -> bool:
-        return name in ("cell", "gate")
+        return name in (nodeids.CELL, nodeids.GATE)
 
     def classnamefilter(self, name: str) -> bool:
         return False
@@ -148,7 +143,7 @@ def item_cell(item: pytest.Item) -> Cell | None:
 
 
 def is_gate_item(item: pytest.Item) -> bool:
-    return is_sweep_item(item) and item.name.startswith("gate[")
+    return is_sweep_item(item) and nodeids.is_gate_name(item.name)
 
 
 # -- gates ------------------------------------------------------------------------------
@@ -167,9 +162,9 @@ def make_scheduler(config: pytest.Config, log: Any, groups: dict[str, str]) -> A
 
     class SweepScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(GATES_SCOPE + "["):
+            if nodeids.is_gate_nodeid(nodeid):
                 return GATES_SCOPE
-            params = nodeid[nodeid.find("[") + 1 : -1] if nodeid.endswith("]") else ""
+            params = nodeids.params_of(nodeid)
             group = groups.get(params)
             if group is None and params:
                 group = next((g for cell_id, g in groups.items()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from pytest_budgetbench import nodeids
 from pytest_budgetbench.config import (
     OPTIONS,
     OptionSpec,
@@ -290,7 +291,7 @@ class SweepPlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         if self.progress is None and self.controller:
-            self._expect_ids([i for i in ids if i.startswith("budgetbench::cell[")])
+            self._expect_ids([i for i in ids if nodeids.is_cell_nodeid(i)])
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._restore_sigterm()
@@ -367,7 +368,7 @@ class SweepPlugin:
             return
         by_id = {c.cell_id: c.task for c in self.session.cells}
         tasks = Counter(
-            cell.task if cell is not None else by_id.get(nodeid[nodeid.find("[") + 1:-1], "?")
+            cell.task if cell is not None else by_id.get(nodeids.params_of(nodeid), "?")
             for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
         )
         tty = reporter.isatty  # a bool on pytest 8, a method on 9
@@ -379,7 +380,7 @@ class SweepPlugin:
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         status = yield
         if (self.progress is not None and self.progress.in_place and status
-                and report.nodeid.startswith("budgetbench::cell[")):
+                and nodeids.is_cell_nodeid(report.nodeid)):
             # On a tty the progress row stands for the cells' dots.
             return (status[0], "", status[2])
         return status
@@ -389,7 +390,7 @@ class SweepPlugin:
             return
         if self.progress is not None and report.when == "call":
             self.progress.add(report.user_properties)
-        if report.nodeid.startswith("budgetbench::gate[") and report.failed and (
+        if nodeids.is_gate_nodeid(report.nodeid) and report.failed and (
             report.when == "call"
         ):
             # The reason is the report's last line (xdist puts a worker line above it).
@@ -467,7 +468,7 @@ def _stop_workers_on_sigterm() -> Callable[[], None]:
 def _is_cell_item(item: pytest.Item) -> bool:
     from pytest_budgetbench.collect import is_sweep_item
 
-    return is_sweep_item(item) and item.name.startswith("cell[")
+    return is_sweep_item(item) and nodeids.is_cell_name(item.name)
 
 
 def _uses_budget_cell(item: pytest.Item) -> bool:
