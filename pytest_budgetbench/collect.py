@@ -30,7 +30,7 @@ import pytest
 
 from pytest_budgetbench import nodeids
 from pytest_budgetbench.cells import GateSpec
-from pytest_budgetbench.nodeids import GATES_SCOPE, SWEEP_NODE
+from pytest_budgetbench.nodeids import SWEEP_NODE
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
@@ -151,32 +151,3 @@ def is_gate_item(item: pytest.Item) -> bool:
 class GateVerdict:
     spec: GateSpec
     failure: str | None
-
-
-# -- xdist ------------------------------------------------------------------------------
-def make_scheduler(config: pytest.Config, log: Any, groups: dict[str, str]) -> Any:
-    """xdist's loadgroup scheduling, where a cell's group comes from its id, not from an
-    ``@group`` suffix of its node id: ids stay the same with and without ``-n``, and the
-    gates go out last, after every cell they judge was handed out."""
-    from xdist.scheduler import LoadGroupScheduling
-
-    class SweepScheduling(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeids.is_gate_nodeid(nodeid):
-                return GATES_SCOPE
-            params = nodeids.params_of(nodeid)
-            group = groups.get(params)
-            if group is None and params:
-                group = next((g for cell_id, g in groups.items()
-                              if params.startswith(cell_id + "-")
-                              or params.endswith("-" + cell_id)), None)
-            if group is not None:
-                return f"{SWEEP_NODE}-group:{group}"
-            return str(super()._split_scope(nodeid))
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if GATES_SCOPE in self.workqueue and len(self.workqueue) > 1:
-                self.workqueue.move_to_end(GATES_SCOPE)
-            super()._assign_work_unit(node)
-
-    return SweepScheduling(config, log)

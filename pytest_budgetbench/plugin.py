@@ -9,15 +9,12 @@ task item x strategy x budget and one per gate, and the work goes to the run obj
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_budgetbench import nodeids
+from pytest_budgetbench import distributed, nodeids
 from pytest_budgetbench.config import (
     OPTIONS,
     OptionSpec,
@@ -162,12 +159,10 @@ def pytest_configure(config: pytest.Config) -> None:
     take_sweep_args(config)
     if not settings.active:
         return
-    from pytest_budgetbench.session import WORKER_KEY, BudgetBenchSession
+    from pytest_budgetbench.session import BudgetBenchSession
 
-    workerinput = getattr(config, "workerinput", None)
-    state = workerinput.get(WORKER_KEY) if workerinput else None
     try:
-        session = BudgetBenchSession(settings, worker_state=state)
+        session = BudgetBenchSession(settings, worker_state=distributed.worker_state(config))
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     config.stash[SESSION_KEY] = session
@@ -218,7 +213,7 @@ class SweepPlugin:
 
     @property
     def distributed(self) -> bool:
-        return getattr(self.config.option, "dist", "no") != "no"
+        return distributed.is_distributed(self.config)
 
     @property
     def controller(self) -> bool:
@@ -230,7 +225,7 @@ class SweepPlugin:
         # xdist's workers need the endpoint when they start; without xdist it waits for
         # collection, so `pytest tests/test_x.py` with ini budgets starts no model.
         if self.controller and self.distributed:
-            self._restore_sigterm = _stop_workers_on_sigterm()
+            self._restore_sigterm = distributed.stop_workers_on_sigterm()
             self._start()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -276,17 +271,14 @@ class SweepPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        from pytest_budgetbench.session import WORKER_KEY
-
-        node.workerinput[WORKER_KEY] = self.session.worker_state()
+        distributed.hand_to_worker(node, self.session.worker_state())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if config.option.dist not in ("load", "loadgroup"):
             return None  # the user chose another distribution; respect it
-        from pytest_budgetbench.collect import make_scheduler
-
-        return make_scheduler(config, log, {c.cell_id: c.group for c in self.session.cells})
+        groups = {c.cell_id: c.group for c in self.session.cells}
+        return distributed.make_scheduler(config, log, groups)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
@@ -443,28 +435,6 @@ class SweepPlugin:
             terminalreporter.write_line(self.finish_error, red=True, bold=True)
 
 
-def _stop_workers_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM stop an xdist controller as Ctrl-C does, so that it tears its workers
-    down (xdist interrupts a worker's cell, and kills a worker that does not stop) and
-    exits after them: a worker never outlives it to append a row. Without this SIGTERM
-    ends the controller at once, and each worker finishes its model call and appends its
-    row to a run that has ended. A second SIGTERM ends it at once. Returns what undoes it."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    found = signal.getsignal(signal.SIGTERM)
-    previous = signal.SIG_DFL if found is None else found
-
-    def interrupt(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, previous)
-        raise KeyboardInterrupt("budgetbench: SIGTERM: stopping the xdist workers, then exiting")
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, previous)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    return restore
-
-
 def _is_cell_item(item: pytest.Item) -> bool:
     from pytest_budgetbench.collect import is_sweep_item
 
@@ -529,7 +499,7 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     session: BudgetBenchSession = request.config.stash[SESSION_KEY]
     spec = request.param
     elsewhere: set[str] = set()
-    if hasattr(request.config, "workerinput"):
+    if distributed.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
         elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
                      if c is not None}
@@ -546,7 +516,7 @@ def _stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerEr
     worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
     worker with it, and prints it."""
     reason = redact(f"budgetbench: {exc}")
-    if hasattr(request.config, "workerinput"):
+    if distributed.is_worker(request.config):
         request.session.shouldstop = reason
     pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
 
@@ -555,13 +525,11 @@ def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
-    if not config.pluginmanager.hasplugin("benchmark") or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not config.pluginmanager.hasplugin("benchmark") or distributed.worker_id():
         return None
     if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
         return None  # cells run ahead in threads; there is no call left to time
-    if getattr(config.option, "benchmark_disable", False) or getattr(
-        config.option, "dist", "no"
-    ) != "no":
+    if getattr(config.option, "benchmark_disable", False) or distributed.is_distributed(config):
         return None
 
     return _ModelCallTimer(request)

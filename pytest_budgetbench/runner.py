@@ -4,7 +4,6 @@ grade, record. The runner counts and enforces; strategies only propose prompts."
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values
+from pytest_budgetbench.distributed import worker_id
 from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import (
     BudgetBenchError,
@@ -344,6 +344,6 @@ class Runner:
             tokenizer_exact=self.tokens.exact,
             grader=self.catalog.task(cell.task).grader_id,
             seed=self.settings.seed,
-            worker=os.environ.get("PYTEST_XDIST_WORKER"),
+            worker=worker_id(),
             time=round(time.time(), 3),
         )

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 """The run object of this pytest process, in ``config.stash`` (beside its class, as
 pytest keeps its own stash keys)."""
-WORKER_KEY = "budgetbench"
 FINAL_STATUSES = frozenset({"ok", "violation"})
 """A resumed run keeps cells recorded with these; errors and missing cells run again."""
 

@@ -20,7 +20,7 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
-     "options", "gguf_models", "nodeids"),
+     "options", "gguf_models", "nodeids", "distributed"),
     ("budget", "framing", "model", "endpoint", "aux_model", "launcher", "cache", "embeddings",
      "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
