@@ -22,24 +22,21 @@ How it fits pytest (8 and 9 alike):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_budgetbench import nodeids
+from pytest_budgetbench.nodeids import SWEEP_NODE
+
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
 
-SWEEP_NODE = "budgetbench"
-GATES_SCOPE = "budgetbench::gate"
 SELECTORS_KEY = pytest.StashKey["list[Selector]"]()
 EXPLICIT_PATHS_KEY = pytest.StashKey[bool]()
 """True when the command line names paths (files, test ids) and no directory."""
-
-# An old-style xdist loadgroup suffix ("...]@memory-0000") is accepted and ignored.
-_GROUP_SUFFIX = re.compile(r"(?<=\])@[^\[\]]*$")
 
 
 @dataclass(frozen=True)
@@ -51,25 +48,24 @@ class Selector:
 
     @classmethod
     def parse(cls, arg: str) -> Selector:
-        base = _GROUP_SUFFIX.sub("", arg)
-        _path, *names = base.split("::")
-        return cls(arg, tuple(n for n in names if n))
+        _path, names = nodeids.split(arg)
+        return cls(arg, names)
 
     def matches(self, item: pytest.Item) -> bool:
         if not self.names:
             return True
         (name,) = self.names[-1:]
-        if "[" in name:
+        if nodeids.has_params(name):
             return item.name == name
-        return item.name.split("[")[0] == name
+        return nodeids.function_of(item.name) == name
 
 
 def is_sweep_arg(arg: str, invocation_dir: Path) -> bool:
     """``budgetbench`` or ``budgetbench::...``, unless a real path of that name exists."""
-    path = arg.split("::")[0]
+    path = nodeids.path_of(arg)
     if path.rstrip("/") != SWEEP_NODE:
         return False
-    return "::" in arg or not (invocation_dir / path).exists()
+    return nodeids.names_a_test(arg) or not (invocation_dir / path).exists()
 
 
 def take_sweep_args(config: pytest.Config) -> None:
@@ -81,7 +77,7 @@ def take_sweep_args(config: pytest.Config) -> None:
     config.stash[SELECTORS_KEY] = [Selector.parse(arg) for arg in ours]
     explicit = config.args_source == pytest.Config.ArgsSource.ARGS and bool(config.args)
     config.stash[EXPLICIT_PATHS_KEY] = explicit and not any(
-        (invocation_dir / arg.split("::")[0]).is_dir() for arg in config.args
+        (invocation_dir / nodeids.path_of(arg)).is_dir() for arg in config.args
     )
 
 
@@ -103,13 +99,13 @@ class SweepModule(pytest.Module):
         return sweep_tests
 
     def funcnamefilter(self, name: str) -> bool:
-        return name in ("cell", "gate")
+        return name in (nodeids.CELL, nodeids.GATE)
 
     def classnamefilter(self, name: str) -> bool:
         return False
 
     def collect(self) -> list[pytest.Item | pytest.Collector]:
-        from pytest_budgetbench.sweep_tests import SESSION_KEY
+        from pytest_budgetbench.session import SESSION_KEY
 
         session = self.config.stash[SESSION_KEY]
         # A function with no parameter sets would become one skipped placeholder item.
@@ -146,33 +142,6 @@ def item_cell(item: pytest.Item) -> Cell | None:
 
 
 def is_gate_item(item: pytest.Item) -> bool:
-    return is_sweep_item(item) and item.name.startswith("gate[")
+    return is_sweep_item(item) and nodeids.is_gate_name(item.name)
 
 
-# -- xdist ------------------------------------------------------------------------------
-def make_scheduler(config: pytest.Config, log: Any, groups: dict[str, str]) -> Any:
-    """xdist's loadgroup scheduling, where a cell's group comes from its id, not from an
-    ``@group`` suffix of its node id: ids stay the same with and without ``-n``, and the
-    gates go out last, after every cell they judge was handed out."""
-    from xdist.scheduler import LoadGroupScheduling
-
-    class SweepScheduling(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(GATES_SCOPE + "["):
-                return GATES_SCOPE
-            params = nodeid[nodeid.find("[") + 1 : -1] if nodeid.endswith("]") else ""
-            group = groups.get(params)
-            if group is None and params:
-                group = next((g for cell_id, g in groups.items()
-                              if params.startswith(cell_id + "-")
-                              or params.endswith("-" + cell_id)), None)
-            if group is not None:
-                return f"{SWEEP_NODE}-group:{group}"
-            return str(super()._split_scope(nodeid))
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if GATES_SCOPE in self.workqueue and len(self.workqueue) > 1:
-                self.workqueue.move_to_end(GATES_SCOPE)
-            super()._assign_work_unit(node)
-
-    return SweepScheduling(config, log)

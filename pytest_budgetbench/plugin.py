@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from pytest_budgetbench import distributed, nodeids
 from pytest_budgetbench.config import (
     OPTIONS,
     Settings,
@@ -27,7 +25,8 @@ from pytest_budgetbench.config import (
 from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
 from pytest_budgetbench.options import Option
 from pytest_budgetbench.redact import redact, register_secret, register_url
-from pytest_budgetbench.sweep_tests import SESSION_KEY, assert_within_budget
+from pytest_budgetbench.session import SESSION_KEY
+from pytest_budgetbench.sweep_tests import assert_within_budget
 from pytest_budgetbench.task_grammar import TaskDefinition, parse_task_definition, split_top_level
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
@@ -158,12 +157,10 @@ def pytest_configure(config: pytest.Config) -> None:
     take_sweep_args(config)
     if not settings.active:
         return
-    from pytest_budgetbench.session import WORKER_KEY, BudgetBenchSession
+    from pytest_budgetbench.session import BudgetBenchSession
 
-    workerinput = getattr(config, "workerinput", None)
-    state = workerinput.get(WORKER_KEY) if workerinput else None
     try:
-        session = BudgetBenchSession(settings, worker_state=state)
+        session = BudgetBenchSession(settings, worker_state=distributed.worker_state(config))
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     config.stash[SESSION_KEY] = session
@@ -214,7 +211,7 @@ class SweepPlugin:
 
     @property
     def distributed(self) -> bool:
-        return getattr(self.config.option, "dist", "no") != "no"
+        return distributed.is_distributed(self.config)
 
     @property
     def controller(self) -> bool:
@@ -226,7 +223,7 @@ class SweepPlugin:
         # xdist's workers need the endpoint when they start; without xdist it waits for
         # collection, so `pytest tests/test_x.py` with ini budgets starts no model.
         if self.controller and self.distributed:
-            self._restore_sigterm = _stop_workers_on_sigterm()
+            self._restore_sigterm = distributed.stop_workers_on_sigterm()
             self._start()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -272,22 +269,19 @@ class SweepPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        from pytest_budgetbench.session import WORKER_KEY
-
-        node.workerinput[WORKER_KEY] = self.session.worker_state()
+        distributed.hand_to_worker(node, self.session.worker_state())
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         if config.option.dist not in ("load", "loadgroup"):
             return None  # the user chose another distribution; respect it
-        from pytest_budgetbench.collect import make_scheduler
-
-        return make_scheduler(config, log, {c.cell_id: c.group for c in self.session.cells})
+        groups = {c.cell_id: c.group for c in self.session.cells}
+        return distributed.make_scheduler(config, log, groups)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         if self.progress is None and self.controller:
-            self._expect_ids([i for i in ids if i.startswith("budgetbench::cell[")])
+            self._expect_ids([i for i in ids if nodeids.is_cell_nodeid(i)])
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._restore_sigterm()
@@ -364,7 +358,7 @@ class SweepPlugin:
             return
         by_id = {c.cell_id: c.task for c in self.session.cells}
         tasks = Counter(
-            cell.task if cell is not None else by_id.get(nodeid[nodeid.find("[") + 1:-1], "?")
+            cell.task if cell is not None else by_id.get(nodeids.params_of(nodeid), "?")
             for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
         )
         tty = reporter.isatty  # a bool on pytest 8, a method on 9
@@ -376,7 +370,7 @@ class SweepPlugin:
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
         status = yield
         if (self.progress is not None and self.progress.in_place and status
-                and report.nodeid.startswith("budgetbench::cell[")):
+                and nodeids.is_cell_nodeid(report.nodeid)):
             # On a tty the progress row stands for the cells' dots.
             return (status[0], "", status[2])
         return status
@@ -386,7 +380,7 @@ class SweepPlugin:
             return
         if self.progress is not None and report.when == "call":
             self.progress.add(report.user_properties)
-        if report.nodeid.startswith("budgetbench::gate[") and report.when == "call":
+        if nodeids.is_gate_nodeid(report.nodeid) and report.when == "call":
             # The verdict itself, from this process's gate or an xdist worker's report.
             from pytest_budgetbench.cells import GateVerdict
 
@@ -446,32 +440,10 @@ class SweepPlugin:
             terminalreporter.write_line(self.finish_error, red=True, bold=True)
 
 
-def _stop_workers_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM stop an xdist controller as Ctrl-C does, so that it tears its workers
-    down (xdist interrupts a worker's cell, and kills a worker that does not stop) and
-    exits after them: a worker never outlives it to append a row. Without this SIGTERM
-    ends the controller at once, and each worker finishes its model call and appends its
-    row to a run that has ended. A second SIGTERM ends it at once. Returns what undoes it."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    found = signal.getsignal(signal.SIGTERM)
-    previous = signal.SIG_DFL if found is None else found
-
-    def interrupt(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, previous)
-        raise KeyboardInterrupt("budgetbench: SIGTERM: stopping the xdist workers, then exiting")
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, previous)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    return restore
-
-
 def _is_cell_item(item: pytest.Item) -> bool:
     from pytest_budgetbench.collect import is_sweep_item
 
-    return is_sweep_item(item) and item.name.startswith("cell[")
+    return is_sweep_item(item) and nodeids.is_cell_name(item.name)
 
 
 def _uses_budget_cell(item: pytest.Item) -> bool:
@@ -532,7 +504,7 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     session: BudgetBenchSession = request.config.stash[SESSION_KEY]
     spec = request.param
     elsewhere: set[str] = set()
-    if hasattr(request.config, "workerinput"):
+    if distributed.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
         elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
                      if c is not None}
@@ -552,7 +524,7 @@ def _stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerEr
     worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
     worker with it, and prints it."""
     reason = redact(f"budgetbench: {exc}")
-    if hasattr(request.config, "workerinput"):
+    if distributed.is_worker(request.config):
         request.session.shouldstop = reason
     pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
 
@@ -561,13 +533,11 @@ def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
-    if not config.pluginmanager.hasplugin("benchmark") or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not config.pluginmanager.hasplugin("benchmark") or distributed.worker_id():
         return None
     if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
         return None  # cells run ahead in threads; there is no call left to time
-    if getattr(config.option, "benchmark_disable", False) or getattr(
-        config.option, "dist", "no"
-    ) != "no":
+    if getattr(config.option, "benchmark_disable", False) or distributed.is_distributed(config):
         return None
 
     return _ModelCallTimer(request)

@@ -32,7 +32,8 @@ from pytest_budgetbench.errors import (
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
-    from pytest_budgetbench.runner import Catalog, Endpoint
+    from pytest_budgetbench.catalog import Catalog
+    from pytest_budgetbench.endpoint import Endpoint
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.catalog import make_task
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.definition import same_gold, show
 from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, Status, append_jsonl, read_jsonl
-from pytest_budgetbench.runner import make_task
 from pytest_budgetbench.tasks import Item, Task
 
 DEFAULT_OUT = "regraded"

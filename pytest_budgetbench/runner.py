@@ -4,24 +4,25 @@ grade, record. The runner counts and enforces; strategies only propose prompts."
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from pytest_budgetbench.aux_model import RecordedAuxModel
 from pytest_budgetbench.budget import (
     BudgetCheck,
     TokenCounter,
-    enforce,
     prompt_sha256,
     violation_message,
 )
+from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.config import Settings
-from pytest_budgetbench.declared import strategy_values, task_values
+from pytest_budgetbench.declared import strategy_values
+from pytest_budgetbench.distributed import worker_id
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     BudgetExceeded,
@@ -32,105 +33,12 @@ from pytest_budgetbench.errors import (
     TokenizerError,
 )
 from pytest_budgetbench.messages import Message, check_messages
-from pytest_budgetbench.model import (
-    REPLY_NEUTRAL_FLAGS,
-    ChatBackend,
-    ChatModel,
-    Completion,
-    redact_url,
-)
+from pytest_budgetbench.model import ChatBackend, Completion
 from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
-from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
-from pytest_budgetbench.tasks.base import CHUNK_TOKENS
+from pytest_budgetbench.tasks import Item, Task
 
 Timer = Callable[[Callable[[], Completion]], Completion]
-
-
-EMBEDDED_LABEL = "embedded"
-"""The embedded server's ``endpoint`` in rows and run.json: it starts on the first cache
-miss, if at all, on a new port every run, so no URL would say anything."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where answers come from, as resolved once per session by the controller.
-
-    The embedded server's endpoint is known from its GGUF alone: ``base_url`` is empty
-    until (and unless) the server is started at session start; a launcher gives the URL
-    of one started on demand."""
-
-    base_url: str = field(repr=False)  # may hold credentials: tracebacks repr endpoints
-    model: str
-    embedded: bool = False
-    gguf_path: str | None = None
-    server_flags: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        """The endpoint as rows and run.json show it (secrets redacted)."""
-        return EMBEDDED_LABEL if self.embedded else redact_url(self.base_url)
-
-    @property
-    def identity(self) -> str:
-        """Who answers, for the response cache: the URL, or for the embedded server its
-        model file and the flags that shape replies (not its port, new every session, nor
-        its context size or OpenMP wait policy, which change no reply)."""
-        if not self.embedded:
-            return self.base_url
-        flags = ",".join(f"{k}={v}" for k, v in sorted(self.server_flags.items())
-                         if k not in REPLY_NEUTRAL_FLAGS)
-        return f"embedded:{Path(self.gguf_path or '').name}:{flags}"
-
-
-@dataclass
-class AuxCall:
-    purpose: str
-    input_tokens: int
-    output_tokens: int | None
-    latency_s: float
-    model: str = "aux"
-    cached: bool = False
-
-
-class RecordedAuxModel:
-    """The model as a strategy sees it: each call's prompt is held to the cell's budget,
-    and each call is recorded on the cell's row.
-
-    Several named models (``--budgetbench-aux-models``) of one cell share one ``calls``
-    list, so the row lists every auxiliary call in order.
-    """
-
-    def __init__(
-        self,
-        chat: ChatBackend,
-        tokens: TokenCounter,
-        budget: int,
-        cell_id: str,
-        *,
-        label: str = "aux",
-        calls: list[AuxCall] | None = None,
-    ) -> None:
-        self._chat = chat
-        self._tokens = tokens
-        self._budget = budget
-        self._cell_id = cell_id
-        self.label = label
-        self.calls: list[AuxCall] = [] if calls is None else calls
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        counted = self._tokens.count_messages(messages)
-        check = BudgetCheck(counted, self._budget)
-        enforce(f"{self._cell_id} (auxiliary call '{purpose}')", purpose, check, self._tokens)
-        completion = self._chat.complete(messages, max_tokens=max_tokens)
-        self.calls.append(AuxCall(purpose, counted, completion.completion_tokens,
-                                  completion.latency_s, self.label, completion.cached))
-        return completion.text
-
-    def sibling(self, chat: ChatBackend, label: str) -> RecordedAuxModel:
-        """Another model for the same cell, recorded in the same list."""
-        return RecordedAuxModel(chat, self._tokens, self._budget, self._cell_id,
-                                label=label, calls=self.calls)
 
 
 @dataclass
@@ -173,36 +81,6 @@ class CellResult:
         row = CellRow.from_record(record)
         violation = str(row.error or "") if row.status == Status.VIOLATION else ""
         return cls(cell, item, row, prompt, bool(row.reference), violation)
-
-
-class Catalog:
-    """Tasks and their items, loaded once per process (collection needs them too)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._tasks: dict[str, Task] = {}
-        self._items: dict[str, list[Item]] = {}
-
-    @property
-    def names(self) -> list[str]:
-        """The sweep's task names, as cells and rows carry them (a class's ``name``, not
-        the ``module:attr`` that selected it)."""
-        return list(sweep_tasks(self.settings.tasks, self.settings.named_tasks))
-
-    def provide(self, task: Task, items: list[Item]) -> None:
-        """Use ``task`` and ``items``, already loaded, for cells of ``task.name``."""
-        self._tasks[task.name] = task
-        self._items[task.name] = items
-
-    def task(self, name: str) -> Task:
-        if name not in self._tasks:
-            self._tasks[name] = make_task(name, self.settings)
-        return self._tasks[name]
-
-    def items(self, task_name: str) -> list[Item]:
-        if task_name not in self._items:
-            self._items[task_name] = self.task(task_name).load()[: self.settings.items]
-        return self._items[task_name]
 
 
 class Runner:
@@ -466,28 +344,6 @@ class Runner:
             tokenizer_exact=self.tokens.exact,
             grader=self.catalog.task(cell.task).grader_id,
             seed=self.settings.seed,
-            worker=os.environ.get("PYTEST_XDIST_WORKER"),
+            worker=worker_id(),
             time=round(time.time(), 3),
         )
-
-
-def make_task(name: str, settings: Settings) -> Task:
-    """The task ``name`` (as cells and rows call it, or as --budgetbench-tasks names it)."""
-    cls = (sweep_tasks(settings.tasks, settings.named_tasks).get(name)
-           or resolve_task(name, settings.named_tasks))
-    data = settings.data_paths.get(cls.name or name) or cls.default_data_path
-    values = task_values(cls, settings)
-    judge = None
-    if settings.judge_endpoint:
-        judge = ChatModel(settings.judge_endpoint, settings.judge_model or "",
-                          api_key=settings.api_key, timeout=settings.timeout,
-                          attempts=settings.retries, temperature=0.0)
-    options = TaskOptions(
-        seed=settings.seed,
-        judge=judge,
-        items=settings.items,
-        data_path=Path(data) if data else None,
-        chunk_tokens=int(values.get(CHUNK_TOKENS.key, CHUNK_TOKENS.default)),
-        extra={**values, "grader_variants": settings.grader or {}},
-    )
-    return cls(options)

@@ -23,10 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from pytest_budgetbench import definition, preflight, wiring
+from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell, GateSpec, GateVerdict, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values, task_values
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     ConfigError,
@@ -37,8 +41,8 @@ from pytest_budgetbench.errors import (
     check_installed,
 )
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, RunStore, read_jsonl
-from pytest_budgetbench.runner import Catalog, CellResult, Endpoint, Runner, Timer
+from pytest_budgetbench.records import CELLS_FILE, FINAL_STATUSES, RUN_FILE, RunStore, read_jsonl
+from pytest_budgetbench.runner import CellResult, Runner, Timer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,11 +52,9 @@ if TYPE_CHECKING:
     from pytest_budgetbench.launcher import Launcher, LaunchService, ServerLauncher
     from pytest_budgetbench.reports import Report
 
-WORKER_KEY = "budgetbench"
-FINAL_STATUSES = frozenset({"ok", "violation"})
-"""A resumed run keeps cells recorded with these; errors and missing cells run again."""
-
-
+SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
+"""The run object of this pytest process, in ``config.stash`` (beside its class, as
+pytest keeps its own stash keys)."""
 def new_run_id(shard: tuple[int, int] | None = None) -> str:
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
     return f"{run_id}-shard{shard[0]}of{shard[1]}" if shard else run_id

@@ -10,16 +10,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_budgetbench.errors import BudgetExceeded
+from pytest_budgetbench.records import Status
+from pytest_budgetbench.session import SESSION_KEY
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import GateVerdict
     from pytest_budgetbench.runner import CellResult
-    from pytest_budgetbench.session import BudgetBenchSession  # noqa: F401 - in the key
 
 pytestmark = [pytest.mark.budgetbench]
-
-SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
-"""The run object of this pytest process, in ``config.stash``."""
 
 
 def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
@@ -27,7 +25,7 @@ def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
     is any violation when a --budgetbench-max-violation-rate gate judges them in aggregate.
     """
     __tracebackhide__ = True
-    if result.status != "violation":
+    if result.status != Status.VIOLATION:
         return
     if result.reference:
         pytest.xfail(f"reference strategy over budget: {result.violation}")

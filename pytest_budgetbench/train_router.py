@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench import wiring
 from pytest_budgetbench.arguments import from_option, non_negative, positive_int
+from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.preflight import check_extras
 from pytest_budgetbench.records import RunStore
-from pytest_budgetbench.runner import Catalog
 from pytest_budgetbench.strategies.budgetmem.ppo import COST_SIGNALS, TrainConfig, train
 from pytest_budgetbench.strategies.budgetmem.router import (
     DEFAULT_ROUTER_DIR,

@@ -12,12 +12,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.config import Settings
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EndpointError, TokenizerError
 from pytest_budgetbench.model import ChatBackend
 from pytest_budgetbench.records import RunStore
 from pytest_budgetbench.redact import has_userinfo, redact_url, split_query
-from pytest_budgetbench.runner import Catalog, Endpoint, Runner
+from pytest_budgetbench.runner import Runner
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter

@@ -294,7 +294,7 @@ def test_a_dripping_tokenize_answer_is_a_tokenizer_error_naming_the_timeout() ->
 def test_auto_tokenizer_without_a_route_says_what_it_tried_and_what_to_pass(
     routes: set[str], hint: str
 ) -> None:
-    from pytest_budgetbench.runner import Endpoint
+    from pytest_budgetbench.endpoint import Endpoint
     from pytest_budgetbench.wiring import make_counter
 
     server = _served(routes)

@@ -210,7 +210,7 @@ def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
 def test_the_embedded_servers_identity_outlives_its_port_and_context_size() -> None:
     from dataclasses import replace
 
-    from pytest_budgetbench.runner import Endpoint
+    from pytest_budgetbench.endpoint import Endpoint
 
     first = Endpoint("http://127.0.0.1:41000/v1", "m", embedded=True, gguf_path="/p/S.gguf",
                      server_flags={"n_ctx": 8192, "n_threads": 2})

@@ -1,8 +1,8 @@
 """The package's imports form layers: every import points down, and none forms a cycle.
 
-Read from the package's own source with ``ast``, so a lazy import inside a function counts
-as much as one at the top of a module; only imports under ``if TYPE_CHECKING:`` are left
-out, since they never run.
+Read from the package's own source with ``ast``, so every import counts: one at the top of
+a module, a lazy one inside a function, and one under ``if TYPE_CHECKING:`` too (it never
+runs, but it still ties the two modules together for whoever reads or moves them).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
-     "options", "gguf_models", "task_grammar"),
-    ("budget", "framing", "model", "launcher", "cache", "embeddings", "config", "cells"),
+     "options", "gguf_models", "task_grammar", "nodeids", "distributed"),
+    ("budget", "framing", "model", "endpoint", "aux_model", "launcher", "cache", "embeddings",
+     "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
-    ("declared", "runner"),
+    ("declared", "catalog", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),
     ("progress", "failures", "arguments"),
     ("sweep_tests",),
@@ -35,6 +36,10 @@ SIBLINGS = ("tasks", "strategies", "reports")
 # The sanctioned crossings: report extensions of strategy families build on the reports layer.
 ALLOWED_CROSSINGS = {("strategies.budgetmem.report", "reports"),
                      ("strategies.memory_report", "reports")}
+# Imports still to remove, each (importer, imported); everything else is held strictly.
+KNOWN: set[tuple[str, str]] = set()
+"""Imports excused from the rules while a change that removes them is under way: each
+entry names its issue, and test_known_offenders_are_still_there drops stale ones."""
 
 
 def module_name(path: Path) -> str:
@@ -44,22 +49,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _under_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return True
-    return False
-
-
 def imports_of(path: Path) -> set[str]:
     """The package modules ``path`` imports (relative to the package, '' for the root)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found: set[str] = set()
     for node in ast.walk(tree):
-        if _under_type_checking(node, parents):
-            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -88,10 +82,12 @@ def layer_of(module: str) -> int:
     return layer
 
 
-GRAPH = {
+SOURCE = {
     module_name(path): imports_of(path) - {module_name(path)}
     for path in sorted(ROOT.rglob("*.py"))
 }
+GRAPH = {module: {t for t in targets if (module, t) not in KNOWN}
+         for module, targets in SOURCE.items()}
 
 
 def test_every_module_has_a_layer() -> None:
@@ -152,8 +148,15 @@ def test_no_import_cycle() -> None:
     assert cycle is None, " -> ".join(cycle or [])
 
 
+def test_known_offenders_are_still_there() -> None:
+    """An entry of KNOWN whose import is gone is removed, so it cannot excuse a new one."""
+    stale = sorted(f"{m} -> {t}" for m, t in KNOWN if t not in SOURCE.get(m, set()))
+    assert not stale, f"remove from KNOWN: {stale}"
+
+
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
-    """The graph is read from source: a planted lazy upward import is found."""
+    """The graph is read from source: a planted lazy upward import is found, and so is one
+    under ``if TYPE_CHECKING:``, at the top of a module or inside a function."""
     planted = tmp_path / "mod.py"
     planted.write_text("def f():\n    from pytest_budgetbench import plugin\n")
     assert imports_of(planted) == {"plugin"}
@@ -161,8 +164,21 @@ def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     guarded.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
         "    from pytest_budgetbench import plugin\n"
+        "def f():\n    if TYPE_CHECKING:\n        import pytest_budgetbench.session\n"
     )
-    assert imports_of(guarded) == set()
+    assert imports_of(guarded) == {"plugin", "session"}
+
+
+def test_the_checker_sees_a_cycle_through_type_checking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle closed only by an ``if TYPE_CHECKING:`` import is still a cycle."""
+    typed = tmp_path / "typed.py"
+    typed.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from pytest_budgetbench.plugin import SESSION_KEY\n")
+    monkeypatch.setitem(GRAPH, "session", {*GRAPH["session"], *imports_of(typed)})
+    monkeypatch.setitem(GRAPH, "plugin", {*GRAPH["plugin"], "session"})
+    assert _cycle() is not None
 
 
 @pytest.mark.parametrize("module", ["plugin", "runner", "budget"])

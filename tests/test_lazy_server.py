@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench import gguf_models, model
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.launcher import LaunchService, RemoteLauncher, ServerLauncher
-from pytest_budgetbench.runner import Endpoint
 from tests import fake_llama_server
 
 REPO = Path(__file__).resolve().parents[1]

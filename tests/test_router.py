@@ -15,12 +15,14 @@ torch = pytest.importorskip("torch")
 
 from pytest_budgetbench import cli, embeddings  # noqa: E402
 from pytest_budgetbench.budget import ApproxCounter, TokenCounter  # noqa: E402
+from pytest_budgetbench.catalog import Catalog  # noqa: E402
 from pytest_budgetbench.config import Settings  # noqa: E402
+from pytest_budgetbench.endpoint import Endpoint  # noqa: E402
 from pytest_budgetbench.errors import ConfigError  # noqa: E402
 from pytest_budgetbench.messages import Message, text_of  # noqa: E402
 from pytest_budgetbench.model import Completion  # noqa: E402
 from pytest_budgetbench.records import RunStore  # noqa: E402
-from pytest_budgetbench.runner import Catalog, Endpoint, Runner  # noqa: E402
+from pytest_budgetbench.runner import Runner  # noqa: E402
 from pytest_budgetbench.strategies import load_strategy  # noqa: E402
 from pytest_budgetbench.strategies.base import StrategyContext  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.policy import Policy  # noqa: E402
