@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_budgetbench.model import embedded_gguf_path  # noqa: E402
+from pytest_budgetbench.embedded.models import embedded_gguf_path  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 
 STRATEGIES = ("full_context", "truncation", "rag", "lean_retrieval", "checkpoint_context",

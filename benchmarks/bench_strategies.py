@@ -46,6 +46,7 @@ from typing import Any
 
 from pytest_budgetbench.budget import GGUFCounter, TokenCounter
 from pytest_budgetbench.cache import COUNTS_FILE, CountDatabase
+from pytest_budgetbench.embedded.models import embedded_gguf_path
 from pytest_budgetbench.embeddings import (
     DEFAULT_BACKEND,
     DEFAULT_MODEL,
@@ -56,7 +57,6 @@ from pytest_budgetbench.embeddings import (
     resolve_model_path,
 )
 from pytest_budgetbench.messages import Message, split_ends, text_of
-from pytest_budgetbench.model import embedded_gguf_path
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._chunking import ADAPTIVE_BASE, chunk_history, piece_text
 from pytest_budgetbench.strategies._packing import history_room, query_text

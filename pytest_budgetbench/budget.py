@@ -308,7 +308,7 @@ class GGUFCounter(TokenCounter):
         require("llama_cpp", "local", "--budgetbench-tokenizer=gguf:")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from pytest_budgetbench.gguf_models import vocab_only_llama
+        from pytest_budgetbench.embedded.models import vocab_only_llama
 
         path = Path(model_path)
         if not path.is_file():

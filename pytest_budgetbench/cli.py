@@ -252,7 +252,7 @@ def run_regrade(args: argparse.Namespace) -> int:
 def add_fetch_model_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
-    from pytest_budgetbench.gguf_models import DEFAULT_MODEL, MODEL_DIR_ENV, MODELS
+    from pytest_budgetbench.embedded import DEFAULT_MODEL, MODEL_DIR_ENV, MODELS
 
     parser = subparsers.add_parser(
         "fetch-model",
@@ -268,8 +268,8 @@ def add_fetch_model_command(
 
 
 def run_fetch_model(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.embedded import embedded_model, fetch
     from pytest_budgetbench.errors import BudgetBenchError
-    from pytest_budgetbench.gguf_models import embedded_model, fetch
 
     model = embedded_model(args.model)
     try:

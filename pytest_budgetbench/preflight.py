@@ -55,7 +55,7 @@ def check_settings(settings: Settings) -> None:
         _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
     _check_embedding_model(settings)
     if settings.endpoint is None:
-        from pytest_budgetbench.gguf_models import embedded_model
+        from pytest_budgetbench.embedded import embedded_model
 
         embedded_model(settings.model)  # --budgetbench-model names an embedded model
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore
-    from pytest_budgetbench.launcher import Launcher, LaunchService, ServerLauncher
+    from pytest_budgetbench.embedded import Launcher, LaunchService, ServerLauncher
     from pytest_budgetbench.reports import Report
 
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
@@ -119,7 +119,7 @@ class BudgetBenchSession:
         """Where this process gets the embedded server's URL: the launcher, or a worker's
         line to the controller's."""
         if worker_state and worker_state.get("launcher"):
-            from pytest_budgetbench.launcher import RemoteLauncher
+            from pytest_budgetbench.embedded import RemoteLauncher
 
             self.launcher = RemoteLauncher(worker_state["launcher"])
         self._launch_service: LaunchService | None = None
@@ -172,7 +172,7 @@ class BudgetBenchSession:
 
     def embedded_description(self) -> str:
         """What starting the embedded model means, for the line printed before it starts."""
-        from pytest_budgetbench.gguf_models import embedded_model
+        from pytest_budgetbench.embedded import embedded_model
 
         model = embedded_model(self.settings.model)
         return f"{model.description}, n_ctx {self._embedded_n_ctx()}"
@@ -305,7 +305,7 @@ class BudgetBenchSession:
             "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
         if self.server is not None:
             if self._launch_service is None:
-                from pytest_budgetbench.launcher import LaunchService
+                from pytest_budgetbench.embedded import LaunchService
 
                 self._launch_service = LaunchService(self.server)
             state["launcher"] = self._launch_service.address

@@ -24,7 +24,7 @@ from pytest_budgetbench.runner import Runner
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore, SharedDatabase
-    from pytest_budgetbench.launcher import Launcher, ServerLauncher
+    from pytest_budgetbench.embedded import Launcher, ServerLauncher
     from pytest_budgetbench.strategies import Embedder
 
 MIN_EMBEDDED_CONTEXT = 8192
@@ -92,17 +92,16 @@ def embedded_launcher(
     n_ctx: int, threads: int | None, log_path: Path, model_name: str | None = None,
     on_start: Callable[[], None] | None = None,
 ) -> tuple[ServerLauncher, Endpoint]:
-    """The embedded llama.cpp server serving ``model_name`` (see gguf_models; the default
+    """The embedded llama.cpp server serving ``model_name`` (see embedded.models; the default
     when None), not started, and its endpoint: the model id, the GGUF and the flags, all
     known from the GGUF file (the response cache's key, the exact counter and every row
     need no more). The launcher starts the server on the first reply needed, calling
     ``on_start`` just before; the caller stops it. What can be known now (no GGUF, no
     llama-cpp-python) is an EmbeddedServerError now."""
-    from pytest_budgetbench import model
-    from pytest_budgetbench.launcher import ServerLauncher
+    from pytest_budgetbench.embedded import ServerLauncher, process
 
-    server = model.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
-                                  model_name=model_name)
+    server = process.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
+                                    model_name=model_name)
     server.check_startable()
     return ServerLauncher(server, on_start), Endpoint(
         base_url="",

@@ -1,7 +1,7 @@
 """A stand-in for ``python -m llama_cpp.server``, for tests of the embedded server's start.
 
 Loaded as a pytest plugin (``-p tests.fake_llama_server``, in every process of a sweep,
-xdist workers included), it makes :class:`~pytest_budgetbench.model.EmbeddedServer` run
+xdist workers included), it makes :class:`~pytest_budgetbench.embedded.process.EmbeddedServer` run
 this module instead of llama.cpp: the real class starts it (its environment, its death
 signal, its readiness wait), and no model or GGUF is needed (run with
 ``--budgetbench-tokenizer=approx``). Run as a program, it is the fake server:
@@ -35,10 +35,10 @@ def starts(path: Path) -> list[dict[str, object]]:
 
 
 def fake_server_class() -> type:
-    """:class:`~pytest_budgetbench.model.EmbeddedServer`, running this fake instead."""
-    from pytest_budgetbench import model
+    """:class:`~pytest_budgetbench.embedded.process.EmbeddedServer`, running this fake instead."""
+    from pytest_budgetbench.embedded import process
 
-    class FakeLlamaServer(model.EmbeddedServer):
+    class FakeLlamaServer(process.EmbeddedServer):
         def command(self) -> list[str]:
             return [sys.executable, "-m", "tests.fake_llama_server", "--port", str(self.port)]
 
@@ -50,10 +50,10 @@ def fake_server_class() -> type:
 
 def pytest_configure() -> None:
     """As a plugin: every embedded server of this process is the fake."""
-    from pytest_budgetbench import gguf_models, model
+    from pytest_budgetbench.embedded import models, process
 
-    model.EmbeddedServer = fake_server_class()  # type: ignore[misc]
-    gguf_models.gguf_path = lambda _model: FAKE_GGUF
+    process.EmbeddedServer = fake_server_class()  # type: ignore[misc]
+    models.gguf_path = lambda _model: FAKE_GGUF
 
 
 def main() -> None:
@@ -66,7 +66,7 @@ def main() -> None:
     if os.environ.get(FAIL):
         print(os.environ[FAIL], flush=True)
         sys.exit(3)
-    from pytest_budgetbench.gguf_models import embedded_model
+    from pytest_budgetbench.embedded.models import embedded_model
     from tests.fake_openai import FakeOpenAI
 
     FakeOpenAI(model=embedded_model().alias, port=port).start()

@@ -25,7 +25,7 @@ def load_gguf() -> GGUFCounter:
     """The small embedded model's (SmolLM2's) exact counter; skips the test when it is not
     available. Unit tests count with it: it ships in a package, so it is always there."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
+    from pytest_budgetbench.embedded.models import embedded_gguf_path
 
     try:
         return GGUFCounter(embedded_gguf_path("smollm2"))

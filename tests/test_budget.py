@@ -314,7 +314,7 @@ def test_loading_a_gguf_counter_prints_nothing_into_the_users_run(
     """llama.cpp warns on a vocabulary-only load (no training context) through a callback
     that prints to stderr even with verbose=False."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.model import embedded_gguf_path
+    from pytest_budgetbench.embedded.models import embedded_gguf_path
 
     try:
         path = embedded_gguf_path("smollm2")

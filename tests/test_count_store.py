@@ -122,7 +122,7 @@ def test_gguf_counts_read_back_equal_the_tokenizer_and_skip_it(
 def test_a_rerun_of_a_sweep_reads_its_counts_from_beside_the_response_cache(
     pytester: pytest.Pytester, fake_endpoint: object, tmp_path: Path
 ) -> None:
-    from pytest_budgetbench.model import embedded_gguf_path
+    from pytest_budgetbench.embedded.models import embedded_gguf_path
 
     load_gguf()  # skips where llama.cpp is missing
     args = ["--budgets=256,1024", "--budgetbench-items=2",

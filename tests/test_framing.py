@@ -79,7 +79,7 @@ def gguf() -> GGUFCounter:
 
 def with_template(template: str) -> GGUFCounter:
     """The embedded GGUF's vocabulary under another family's chat template."""
-    from pytest_budgetbench.model import embedded_gguf_path
+    from pytest_budgetbench.embedded.models import embedded_gguf_path
 
     load_gguf()  # skips where llama.cpp or the model is missing
     return GGUFCounter(embedded_gguf_path(), chat_template=template)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench import gguf_models
+from pytest_budgetbench.embedded import models as gguf_models
+from pytest_budgetbench.embedded.models import EmbeddedModel, PartWheel
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
-from pytest_budgetbench.gguf_models import EmbeddedModel, PartWheel
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
-     "options", "gguf_models", "task_grammar", "nodeids", "distributed"),
-    ("budget", "framing", "model", "endpoint", "aux_model", "launcher", "cache", "embeddings",
+     "options", "task_grammar", "nodeids", "distributed"),
+    ("budget", "framing", "model", "endpoint", "aux_model", "embedded", "cache", "embeddings",
      "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "catalog", "runner"),

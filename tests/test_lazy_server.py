@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench import gguf_models, model
+from pytest_budgetbench.embedded import models as gguf_models
+from pytest_budgetbench.embedded import process
+from pytest_budgetbench.embedded.launcher import LaunchService, RemoteLauncher, ServerLauncher
 from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EmbeddedServerError
-from pytest_budgetbench.launcher import LaunchService, RemoteLauncher, ServerLauncher
 from tests import fake_llama_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,8 +173,8 @@ def test_the_wait_policy_is_recorded_but_keys_no_cache_entry() -> None:
 def test_a_missing_server_module_is_named_before_any_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model, "SERVER_MODULES", ("json", "no_such_server_module"))
-    server = model.EmbeddedServer(8192, 1, tmp_path / "server.log")
+    monkeypatch.setattr(process, "SERVER_MODULES", ("json", "no_such_server_module"))
+    server = process.EmbeddedServer(8192, 1, tmp_path / "server.log")
     with pytest.raises(EmbeddedServerError, match="missing: no_such_server_module"):
         server.check_startable()
 
@@ -250,7 +251,7 @@ def test_the_server_starts_once_at_the_first_miss_and_a_cached_rerun_starts_none
 def test_a_server_that_could_not_start_is_a_usage_error_before_any_cell(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model, "SERVER_MODULES", ("json", "no_such_server_module"))
+    monkeypatch.setattr(process, "SERVER_MODULES", ("json", "no_such_server_module"))
     result = pytester.runpytest(*SWEEP[:5], "-p", "no:cacheprovider",
                                 f"--budgetbench-out={tmp_path / 'out'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -114,8 +114,9 @@ def test_real_model_summaries_are_recorded_and_within_budget(
     gguf: GGUFCounter, tmp_path: Path
 ) -> None:
     from pytest_budgetbench.aux_model import RecordedAuxModel
-    from pytest_budgetbench.gguf_models import SMOLLM2
-    from pytest_budgetbench.model import ChatModel, EmbeddedServer
+    from pytest_budgetbench.embedded.models import SMOLLM2
+    from pytest_budgetbench.embedded.process import EmbeddedServer
+    from pytest_budgetbench.model import ChatModel
 
     # Small on purpose: the model reads ~150 tokens/s and writes slower on two cores.
     item = memory_items(1, history_tokens=500)[0]

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pytest_budgetbench import cli, embeddings, gguf_models, model
+from pytest_budgetbench import cli, embeddings
+from pytest_budgetbench.embedded import models as gguf_models
+from pytest_budgetbench.embedded import process
 from pytest_budgetbench.testing import HashingEmbedder
 from tests.fake_openai import FakeOpenAI
 
@@ -48,7 +50,7 @@ def test_train_router_rerun_from_the_cache_starts_no_server(
 ) -> None:
     """Run twice on the embedded model with the same seed: the second run is answered from
     the response cache, so its server, started on the first miss, never starts."""
-    monkeypatch.setattr(model, "EmbeddedServer", FakeEmbeddedServer)
+    monkeypatch.setattr(process, "EmbeddedServer", FakeEmbeddedServer)
     monkeypatch.setattr(FakeEmbeddedServer, "started", [])
     monkeypatch.setattr(embeddings, "make_embedder", lambda *_a, **_k: HashingEmbedder())
     argv = ["train-router", "--task", "memory", "--items", "2", "--episodes", "2",

@@ -34,8 +34,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from pytest_budgetbench.embedded.process import READY_TIMEOUT_S
 from pytest_budgetbench.errors import EmbeddedServerError
-from pytest_budgetbench.model import READY_TIMEOUT_S
 
 REMOTE_TIMEOUT_S = 2 * READY_TIMEOUT_S + 60.0
 """How long a worker waits for the controller's answer: two launches (the second after

@@ -110,6 +110,11 @@ def embedded_model(name: str | None = None) -> EmbeddedModel:
     return found
 
 
+def embedded_gguf_path(name: str | None = None) -> Path:
+    """The checked GGUF of the embedded model ``name`` (the default model when None)."""
+    return gguf_path(embedded_model(name))
+
+
 def model_dir() -> Path:
     """Where fetched models live: $BUDGETBENCH_MODEL_DIR, else the user's cache."""
     configured = os.environ.get(MODEL_DIR_ENV)

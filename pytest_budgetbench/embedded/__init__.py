@@ -1,0 +1,33 @@
+"""The embedded llama.cpp server, used when no endpoint is given, in one place:
+
+- :mod:`.models`: the model registry (which GGUF is served), its fetch and its checks;
+- :mod:`.process`: starting and stopping ``python -m llama_cpp.server``, its log, its
+  readiness;
+- :mod:`.launcher`: starting it on the first reply needed, in-process or for xdist workers.
+
+Tests replace ``process.EmbeddedServer`` and ``models.gguf_path``: callers that must see such
+a replacement look them up on the submodule.
+"""
+
+from __future__ import annotations
+
+from pytest_budgetbench.embedded.launcher import (
+    Launcher,
+    LaunchService,
+    RemoteLauncher,
+    ServerLauncher,
+)
+from pytest_budgetbench.embedded.models import (
+    DEFAULT_MODEL,
+    MODEL_DIR_ENV,
+    MODELS,
+    EmbeddedModel,
+    embedded_gguf_path,
+    embedded_model,
+    fetch,
+)
+from pytest_budgetbench.embedded.process import EmbeddedServer
+
+__all__ = ["DEFAULT_MODEL", "MODELS", "MODEL_DIR_ENV", "EmbeddedModel", "EmbeddedServer",
+           "LaunchService", "Launcher", "RemoteLauncher", "ServerLauncher",
+           "embedded_gguf_path", "embedded_model", "fetch"]

@@ -1,0 +1,184 @@
+"""The embedded llama.cpp server's process: ``python -m llama_cpp.server`` on 127.0.0.1 with
+pinned flags, started once, its log, its readiness, and its stop (with the sweep's death too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pytest_budgetbench.embedded import models
+from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.model import free_port
+
+PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
+                  "pydantic_settings")
+"""What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
+READY_TIMEOUT_S = 120.0
+"""How long one launch of the embedded server may take to answer /models."""
+
+
+def _die_with_parent() -> None:
+    """Runs in the server's process before exec: on Linux, ask for SIGKILL when the sweep
+    that started it dies, even by SIGKILL, so a killed sweep leaves no server behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: stop() is the only cleanup
+        pass
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, a cgroup's cpuset),
+    which can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+WAIT_POLICY = "PASSIVE"
+"""The embedded server's ``OMP_WAIT_POLICY``. llama.cpp's OpenMP threads otherwise spin
+at every barrier and for a while after each request, taking the cores from the sweep's
+own work (and from xdist workers, tests, other jobs); PASSIVE makes them sleep. It changes
+no output (see benchmarks/bench_server_threads.py for what it costs and saves)."""
+
+
+class EmbeddedServer:
+    """``llama_cpp.server`` on 127.0.0.1 serving an embedded model (embedded.models), started once.
+
+    The flags are pinned, because llama-cpp-python's defaults (one thread, logits_all)
+    are slow, and flash attention changes the generated text; every row records them
+    (:attr:`recorded_flags`), with the environment the server runs in (:attr:`env`).
+    Building one reads no more than the GGUF's path: :meth:`start` starts it.
+    """
+
+    def __init__(self, n_ctx: int, threads: int | None, log_path: Path,
+                 model_name: str | None = None, *,
+                 wait_policy: str | None = WAIT_POLICY) -> None:
+        self.model = models.embedded_model(model_name)
+        self.model_path = models.gguf_path(self.model)
+        self.port = free_port()
+        self.threads = threads or usable_cores()
+        self.env: dict[str, str] = {} if wait_policy is None else {
+            "OMP_WAIT_POLICY": wait_policy}
+        """Set in the server's environment only, never in this process's."""
+        self.flags: dict[str, Any] = {
+            "n_ctx": n_ctx,
+            "n_threads": self.threads,
+            "n_threads_batch": self.threads,
+            "n_batch": 512,
+            "logits_all": False,
+            "flash_attn": False,
+            "seed": 0,
+        }
+        self.log_path = log_path
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def recorded_flags(self) -> dict[str, Any]:
+        """What a row's ``server_flags`` says: the command's flags and the environment."""
+        return {**self.flags, **self.env}
+
+    def child_environment(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def check_startable(self) -> None:
+        """What can be known without starting it, cheaply: llama-cpp-python and its server
+        extra are installed (the GGUF was found when this object was built)."""
+        import importlib.util
+
+        missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
+        if missing:
+            raise EmbeddedServerError(
+                f"the embedded model needs llama-cpp-python with its server extra (missing: "
+                f"{', '.join(missing)}): CMAKE_ARGS='-DGGML_NATIVE=OFF' pip install "
+                "--no-cache-dir 'llama-cpp-python[server]', or pass --budgetbench-endpoint=URL"
+            )
+
+    def command(self) -> list[str]:
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
+                "--model_alias", self.model.alias, "--host", "127.0.0.1",
+                "--port", str(self.port)]
+        for key, value in self.flags.items():
+            argv += [f"--{key}", str(value)]
+        return argv
+
+    def start(self, ready_timeout: float = READY_TIMEOUT_S) -> None:
+        self.check_startable()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._launch(ready_timeout)
+        except EmbeddedServerError:
+            # The free port can be taken between our probe and the server's bind.
+            if "address already in use" not in self._log_tail().lower():
+                raise
+            self.port = free_port()
+            self._launch(ready_timeout)
+
+    def _launch(self, ready_timeout: float) -> None:
+        with self.log_path.open("wb") as log:
+            self._process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.child_environment(), preexec_fn=_die_with_parent,
+            )
+        try:
+            self._wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()  # never leave an orphaned server behind
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise EmbeddedServerError(
+                    f"the embedded llama.cpp server exited with code {self._process.returncode} "
+                    f"before it was ready; its log ({self.log_path}) ends:\n{self._log_tail()}"
+                )
+            try:
+                if httpx.get(self.base_url + "/models", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:  # not listening yet: refused, reset or timed out
+                pass
+            time.sleep(0.2)
+        raise EmbeddedServerError(
+            f"the embedded llama.cpp server was not ready after {timeout:.0f}s; "
+            f"log: {self.log_path}"
+        )
+
+    def _log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
