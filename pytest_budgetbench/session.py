@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench import definition, preflight, wiring
+from pytest_budgetbench import definition, embedded, preflight, wiring
 from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.cells import Cell, GateSpec, GateVerdict, build_cells, gate_specs
 from pytest_budgetbench.config import Settings
@@ -178,7 +178,7 @@ class BudgetBenchSession:
         return f"{model.description}, n_ctx {self._embedded_n_ctx()}"
 
     def _embedded_n_ctx(self) -> int:
-        return wiring.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
+        return embedded.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
 
     def _write_run_info(self) -> None:
         assert self.endpoint is not None
@@ -279,12 +279,12 @@ class BudgetBenchSession:
         """The embedded server's endpoint, from its GGUF; the server itself starts on the
         first cache miss (or now, for a counter that asks the server)."""
         settings = self.settings
-        self.server, endpoint = wiring.embedded_launcher(
+        self.server, endpoint = embedded.embedded_launcher(
             self._embedded_n_ctx(), settings.threads, self.store.run_dir / "server.log",
             settings.model, on_start=self._server_starting,
         )
         self.launcher = self.server
-        return wiring.counting_endpoint(settings.tokenizer, endpoint, self.server)
+        return embedded.counting_endpoint(settings.tokenizer, endpoint, self.server)
 
     def _server_starting(self) -> None:
         if self.on_server_start is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_budgetbench import wiring
+from pytest_budgetbench import embedded, wiring
 from pytest_budgetbench.arguments import from_option, non_negative, positive_int
 from pytest_budgetbench.catalog import Catalog
 from pytest_budgetbench.config import Settings
@@ -156,11 +156,11 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     if settings.endpoint:
         endpoint = wiring.resolve_endpoint(settings, model_flag="--model")
     else:  # started on the first reply the response cache does not hold, as in a sweep
-        launcher, endpoint = wiring.embedded_launcher(
-            wiring.embedded_context(args.budget, settings.max_tokens), settings.threads,
+        launcher, endpoint = embedded.embedded_launcher(
+            embedded.embedded_context(args.budget, settings.max_tokens), settings.threads,
             args.out / "train-server.log", settings.model,
             on_start=lambda: print("train-router: starting the embedded model", flush=True))
-        endpoint = wiring.counting_endpoint(settings.tokenizer, endpoint, launcher)
+        endpoint = embedded.counting_endpoint(settings.tokenizer, endpoint, launcher)
 
     def close() -> None:
         if launcher is not None:

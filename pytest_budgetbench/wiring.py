@@ -24,10 +24,9 @@ from pytest_budgetbench.runner import Runner
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import ResponseStore, SharedDatabase
-    from pytest_budgetbench.embedded import Launcher, ServerLauncher
+    from pytest_budgetbench.embedded import Launcher
     from pytest_budgetbench.strategies import Embedder
 
-MIN_EMBEDDED_CONTEXT = 8192
 
 
 # -- endpoints -----------------------------------------------------------------------------
@@ -81,45 +80,6 @@ def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:
             )
         model = served[0]
     return Endpoint(base_url=url, model=model)
-
-
-def embedded_context(budget: int, max_tokens: int) -> int:
-    """The embedded server's context: the largest budget plus the answer, with headroom."""
-    return max(MIN_EMBEDDED_CONTEXT, budget + max_tokens + 64)
-
-
-def embedded_launcher(
-    n_ctx: int, threads: int | None, log_path: Path, model_name: str | None = None,
-    on_start: Callable[[], None] | None = None,
-) -> tuple[ServerLauncher, Endpoint]:
-    """The embedded llama.cpp server serving ``model_name`` (see embedded.models; the default
-    when None), not started, and its endpoint: the model id, the GGUF and the flags, all
-    known from the GGUF file (the response cache's key, the exact counter and every row
-    need no more). The launcher starts the server on the first reply needed, calling
-    ``on_start`` just before; the caller stops it. What can be known now (no GGUF, no
-    llama-cpp-python) is an EmbeddedServerError now."""
-    from pytest_budgetbench.embedded import ServerLauncher, process
-
-    server = process.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
-                                    model_name=model_name)
-    server.check_startable()
-    return ServerLauncher(server, on_start), Endpoint(
-        base_url="",
-        model=server.model.alias,
-        embedded=True,
-        gguf_path=str(server.model_path),
-        server_flags=server.recorded_flags,
-    )
-
-
-def counting_endpoint(tokenizer: str, endpoint: Endpoint, launcher: ServerLauncher) -> Endpoint:
-    """``endpoint``, with the embedded server started now when ``tokenizer`` counts through
-    its /tokenize route (``server``): counting comes before the first cell's reply."""
-    if tokenizer != "server" or endpoint.base_url:
-        return endpoint
-    from dataclasses import replace
-
-    return replace(endpoint, base_url=launcher.url())
 
 
 # -- the parts of a runner -----------------------------------------------------------------

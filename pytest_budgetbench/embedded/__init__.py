@@ -16,6 +16,9 @@ from pytest_budgetbench.embedded.launcher import (
     LaunchService,
     RemoteLauncher,
     ServerLauncher,
+    counting_endpoint,
+    embedded_context,
+    embedded_launcher,
 )
 from pytest_budgetbench.embedded.models import (
     DEFAULT_MODEL,
@@ -30,4 +33,5 @@ from pytest_budgetbench.embedded.process import EmbeddedServer
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "MODEL_DIR_ENV", "EmbeddedModel", "EmbeddedServer",
            "LaunchService", "Launcher", "RemoteLauncher", "ServerLauncher",
-           "embedded_gguf_path", "embedded_model", "fetch"]
+           "counting_endpoint", "embedded_context", "embedded_gguf_path", "embedded_launcher",
+           "embedded_model", "fetch"]

@@ -25,6 +25,7 @@ both get the same URL; every later call of either is answered from memory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -32,14 +33,18 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
+from pytest_budgetbench.embedded import process
 from pytest_budgetbench.embedded.process import READY_TIMEOUT_S
+from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EmbeddedServerError
 
 REMOTE_TIMEOUT_S = 2 * READY_TIMEOUT_S + 60.0
 """How long a worker waits for the controller's answer: two launches (the second after
 its port was taken) and some slack."""
+MIN_EMBEDDED_CONTEXT = 8192
 
 
 class Startable(Protocol):
@@ -225,3 +230,39 @@ class RemoteLauncher:
         if "url" in reply:
             return str(reply["url"]), None
         return None, str(reply.get("error", "the embedded server did not start"))
+
+
+# -- a run's embedded endpoint (the session and train-router) ---------------------------
+def embedded_context(budget: int, max_tokens: int) -> int:
+    """The embedded server's context: the largest budget plus the answer, with headroom."""
+    return max(MIN_EMBEDDED_CONTEXT, budget + max_tokens + 64)
+
+
+def embedded_launcher(
+    n_ctx: int, threads: int | None, log_path: Path, model_name: str | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[ServerLauncher, Endpoint]:
+    """The embedded llama.cpp server serving ``model_name`` (see embedded.models; the default
+    when None), not started, and its endpoint: the model id, the GGUF and the flags, all
+    known from the GGUF file (the response cache's key, the exact counter and every row
+    need no more). The launcher starts the server on the first reply needed, calling
+    ``on_start`` just before; the caller stops it. What can be known now (no GGUF, no
+    llama-cpp-python) is an EmbeddedServerError now."""
+    server = process.EmbeddedServer(n_ctx=n_ctx, threads=threads, log_path=log_path,
+                                    model_name=model_name)
+    server.check_startable()
+    return ServerLauncher(server, on_start), Endpoint(
+        base_url="",
+        model=server.model.alias,
+        embedded=True,
+        gguf_path=str(server.model_path),
+        server_flags=server.recorded_flags,
+    )
+
+
+def counting_endpoint(tokenizer: str, endpoint: Endpoint, launcher: ServerLauncher) -> Endpoint:
+    """``endpoint``, with the embedded server started now when ``tokenizer`` counts through
+    its /tokenize route (``server``): counting comes before the first cell's reply."""
+    if tokenizer != "server" or endpoint.base_url:
+        return endpoint
+    return dataclasses.replace(endpoint, base_url=launcher.url())
