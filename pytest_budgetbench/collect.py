@@ -29,10 +29,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_budgetbench import nodeids
+from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.nodeids import SWEEP_NODE
+from pytest_budgetbench.redact import redact
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import Cell
+    from pytest_budgetbench.session import BudgetBenchSession
 
 SELECTORS_KEY = pytest.StashKey["list[Selector]"]()
 EXPLICIT_PATHS_KEY = pytest.StashKey[bool]()
@@ -145,3 +148,65 @@ def is_gate_item(item: pytest.Item) -> bool:
     return is_sweep_item(item) and nodeids.is_gate_name(item.name)
 
 
+def is_cell_item(item: pytest.Item) -> bool:
+    return is_sweep_item(item) and nodeids.is_cell_name(item.name)
+
+
+def uses_budget_cell(item: pytest.Item) -> bool:
+    return "budget_cell" in getattr(item, "fixturenames", ())
+
+
+def in_sweep(item: pytest.Item) -> bool:
+    """A cell, a gate, or a user's test over the cells."""
+    return is_sweep_item(item) or uses_budget_cell(item)
+
+
+def select_sweep_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A selector that names no sweep item is a usage error; --budgetbench-only deselects
+    every test that is not part of the sweep."""
+    from pytest_budgetbench.session import SESSION_KEY
+
+    unmatched = unmatched_selectors(config, items)
+    if unmatched:
+        hint = ("see the ids with: pytest --co -q" if SESSION_KEY in config.stash
+                else "no sweep runs: pass --budgets=N,N")
+        raise pytest.UsageError(f"not found: {', '.join(unmatched)} ({hint})")
+    if not config.getoption("budgetbench_only", False):
+        return
+    keep = [i for i in items if in_sweep(i)]
+    if len(keep) < len(items):
+        kept = set(map(id, keep))
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
+        items[:] = keep
+
+
+def add_sweep_module(config: pytest.Config, session: BudgetBenchSession,
+                     collector: pytest.Session, report: pytest.CollectReport) -> None:
+    """Put the ``budgetbench`` node first in the session's collect report, when the sweep
+    is collected; bad data is a usage error, not a collection error of one node."""
+    if sweep_is_collected(config, only=config.getoption("budgetbench_only")):
+        from pytest_budgetbench.preflight import NothingToRun, check_not_empty
+
+        try:  # bad data is a usage error, not a collection error of one node
+            check_not_empty(session.settings, session.cells)
+            session.gates  # noqa: B018 - built once, here
+        except NothingToRun as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
+        except BudgetBenchError as exc:
+            raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+        # First: the cells run (and are timed) before the tests that read them.
+        report.result.insert(0, SweepModule.for_session(collector))
+
+
+def present_report(item: pytest.Item, call: pytest.CallInfo[None],
+                   report: pytest.TestReport) -> None:
+    """A sweep item's report, or one of a user's test over the cells, as shown."""
+    if is_sweep_item(item) or uses_budget_cell(item):
+        # Failures are shown without secrets, in the terminal and in --junitxml.
+        from pytest_budgetbench.failures import scrub_report
+
+        scrub_report(report, call.excinfo)
+    if is_sweep_item(item):
+        # The heading of a failure names the node id, which can be pasted back.
+        path, lineno, _domain = report.location
+        report.location = (path, lineno, item.nodeid)

@@ -4,30 +4,49 @@ Without ``--budgets`` (or its ini twin ``budgetbench_budgets``) the plugin regis
 options and nothing else: no items, no output, no heavy imports. With it, a ``budgetbench``
 collector joins the collection tree (:mod:`pytest_budgetbench.collect`) with one test per
 task item x strategy x budget and one per gate, and the work goes to the run object.
+
+This module holds the hooks, the fixtures and the option registration; what they do is in
+the modules that own it: :mod:`~pytest_budgetbench.arguments` (options and settings),
+:mod:`~pytest_budgetbench.collect` (items), :mod:`~pytest_budgetbench.sweep_tests` (the
+cells' and gates' tests), :mod:`~pytest_budgetbench.progress` and
+:mod:`~pytest_budgetbench.summary` (the terminal).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_budgetbench import distributed, nodeids
-from pytest_budgetbench.config import (
-    OPTIONS,
-    Settings,
-    ini_text,
-    load_settings,
+from pytest_budgetbench.arguments import (
+    add_options,
+    declared_flags,
+    narrow_benchmark_table,
+    settings_of,
 )
-from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError, StrategyAborted
+from pytest_budgetbench.collect import (
+    in_sweep,
+    is_cell_item,
+    item_cell,
+    present_report,
+    select_sweep_items,
+)
+from pytest_budgetbench.config import OPTIONS
+from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError
 from pytest_budgetbench.options import Option
-from pytest_budgetbench.redact import redact, register_secret, register_url
+from pytest_budgetbench.redact import redact
 from pytest_budgetbench.session import SESSION_KEY
-from pytest_budgetbench.sweep_tests import assert_within_budget
-from pytest_budgetbench.task_grammar import TaskDefinition, parse_task_definition, split_top_level
+from pytest_budgetbench.sweep_tests import (
+    VERDICT_PROPERTY,
+    assert_within_budget,
+    gate_verdicts,
+    parametrize_sweep,
+    run_budget_cell,
+    stop_without_a_server,
+)
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
 
@@ -50,107 +69,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     from pytest_budgetbench.declared import flag_specs
 
     _registered[:] = flag_specs()
-    _add_options(parser, (*OPTIONS, *_registered))
+    add_options(parser, (*OPTIONS, *_registered))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
     """Flags of the ``module:attr`` tasks and strategies the sweep names, which the
     registries cannot list when options are first added (e.g. their data flag)."""
-    specs = list(_registered)
-    tasks, strategies = _named(early_config, "tasks"), _named(early_config, "strategies")
-    instances = _instances(early_config, tasks)
-    if instances or any(":" in name for name in (*tasks, *strategies)):
-        from pytest_budgetbench.declared import flag_specs
-
-        specs += flag_specs(tasks, strategies, registered=False, known=specs, named=instances)
-        _add_options(parser, specs)
-    early_config.stash[DECLARED_KEY] = specs
-
-
-def _raw(config: pytest.Config, dest: str) -> str:
-    """What --budgetbench-<dest> or its ini twin gives, as text, before settings exist."""
-    raw = getattr(config.known_args_namespace, f"budgetbench_{dest}", None)
-    if raw is None:
-        raw = config.getini(f"budgetbench_{dest}") or ""
-    return ini_text(raw)
-
-
-def _named(config: pytest.Config, dest: str) -> list[str]:
-    """The raw entries --budgetbench-<dest> or its ini twin gives, before settings exist."""
-    return split_top_level(_raw(config, dest))
-
-
-def _instances(config: pytest.Config, tasks: list[str]) -> dict[str, TaskDefinition]:
-    """The named task instances, whose data flags the registries cannot list; a bad
-    definition is left for the settings check to report."""
-    found: dict[str, TaskDefinition] = {}
-    definitions = [*split_top_level(_raw(config, "named_tasks")),
-                   *(entry for entry in tasks if "=" in entry)]
-    for text in definitions:
-        try:
-            name, definition = parse_task_definition(text, "--budgetbench-tasks")
-        except BudgetBenchError:
-            continue
-        found[name] = definition
-    return found
-
-
-def _add_options(parser: pytest.Parser, specs: Sequence[Option]) -> None:
-    group = parser.getgroup("budgetbench", "memory strategies under a token budget")
-    added = {option.dest for option in group.options}
-    for spec in specs:
-        if f"budgetbench_{spec.dest}" in added:
-            continue
-        default = f" (default: {spec.default_text})" if spec.default not in (None, ()) else ""
-        env = f" [env {spec.env}]" if spec.env else ""
-        group.addoption(
-            *spec.flags,
-            dest=f"budgetbench_{spec.dest}",
-            default=None,
-            metavar=spec.metavar or spec.dest.upper(),
-            help=f"{spec.help}{default}{env}",
-        )
-        parser.addini(spec.ini, help=spec.help, type=spec.ini_type, default=spec.ini_default)
-    if "budgetbench_only" not in added:
-        group.addoption(
-            "--budgetbench-only", action="store_true", dest="budgetbench_only", default=False,
-            help="run only the sweep: its cells, its gates and tests that use budget_cell",
-        )
-
-
-def _settings(config: pytest.Config) -> Settings:
-    try:
-        declared = config.stash.get(DECLARED_KEY, None)
-        if declared is None:
-            from pytest_budgetbench.declared import flag_specs
-
-            declared = flag_specs()
-        settings = load_settings(
-            lambda dest: config.getoption(f"budgetbench_{dest}", None),
-            lambda ini: config.getini(ini),
-            declared,
-        )
-        _register_secrets(settings)
-        if settings.active:
-            from pytest_budgetbench.preflight import check_settings
-
-            check_settings(settings)
-    except BudgetBenchError as exc:
-        raise pytest.UsageError(redact(exc)) from None
-    return settings
-
-
-def _register_secrets(settings: Settings) -> None:
-    """Tell the redaction layer every secret this run knows, before any text leaves."""
-    register_secret(settings.api_key)
-    for url in (settings.endpoint, settings.judge_endpoint, *(settings.aux_models or {}).values()):
-        register_url(url)
+    early_config.stash[DECLARED_KEY] = declared_flags(early_config, parser, _registered)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    settings = _settings(config)
+    settings = settings_of(config, config.stash.get(DECLARED_KEY, None))
     config.addinivalue_line("markers", "budgetbench: a cell or gate of a budget sweep")
     from pytest_budgetbench.collect import take_sweep_args
 
@@ -165,38 +96,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(SweepPlugin(config, session), "budgetbench-sweep")
-    _narrow_benchmark_table(config)
-
-
-def _narrow_benchmark_table(config: pytest.Config) -> None:
-    """A cell's model call is timed once: spread columns (stddev, IQR, outliers) say
-    nothing, so pytest-benchmark's table shows the time and the round count, unless the
-    command line chose columns. (pytest-benchmark reads the option after this hook.)"""
-    if not hasattr(config.option, "benchmark_columns"):
-        return
-    if any(str(a).startswith("--benchmark-columns") for a in config.invocation_params.args):
-        return
-    config.option.benchmark_columns = ["mean", "rounds"]
+    narrow_benchmark_table(config)
 
 
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """--budgetbench-only: deselect every test that is not part of the sweep."""
-    from pytest_budgetbench.collect import unmatched_selectors
-
-    unmatched = unmatched_selectors(config, items)
-    if unmatched:
-        hint = ("see the ids with: pytest --co -q" if SESSION_KEY in config.stash
-                else "no sweep runs: pass --budgets=N,N")
-        raise pytest.UsageError(f"not found: {', '.join(unmatched)} ({hint})")
-    if not config.getoption("budgetbench_only", False):
-        return
-    keep = [i for i in items if _in_sweep(i)]
-    if len(keep) < len(items):
-        kept = set(map(id, keep))
-        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
-        items[:] = keep
+    """Unmatched sweep selectors; --budgetbench-only deselects the tests outside the sweep."""
+    select_sweep_items(config, items)
 
 
 class SweepPlugin:
@@ -229,43 +136,14 @@ class SweepPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if not self.controller or self.distributed:
             return
-        if any(map(_in_sweep, session.items)) and not self.session.started:
+        if any(map(in_sweep, session.items)) and not self.session.started:
             self._start()
-        self._expect([i for i in session.items if _is_cell_item(i)])
+        self._expect([i for i in session.items if is_cell_item(i)])
 
     def _start(self) -> None:
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and not self.session.settings.endpoint:
-            self.session.on_server_start = self._starting_line(reporter)
-        from pytest_budgetbench.preflight import NothingToRun
-        from pytest_budgetbench.wiring import credential_line
+        from pytest_budgetbench.summary import start_session
 
-        credential = credential_line(self.session.settings)
-        if reporter is not None and credential:
-            reporter.write_line(redact(credential))
-
-        try:
-            self.session.start()
-        except NothingToRun as exc:
-            pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
-        except BudgetBenchError as exc:
-            raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
-        for note in self.session.notes:
-            if reporter is not None:
-                reporter.write_line(redact(f"budgetbench: warning: {note}"), yellow=True)
-
-    def _starting_line(self, reporter: Any) -> Callable[[], None]:
-        """The line printed when the embedded server really starts: on the first cache
-        miss, inside a cell's test (under xdist: in the controller, at a worker's request),
-        so past the output capture, as pytest's live logging writes."""
-        description = self.session.embedded_description()
-        capture = self.config.pluginmanager.get_plugin("capturemanager")
-
-        def write() -> None:
-            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-                reporter.write_line(f"Starting the embedded model ({description})…")
-
-        return write
+        start_session(self.config, self.session)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -294,7 +172,7 @@ class SweepPlugin:
             return
         if self.distributed:
             return  # xdist's controller runs no test; its workers run one cell at a time
-        cells = [c for c in map(item_cell_of, session.items) if c is not None]
+        cells = [c for c in map(item_cell, session.items) if c is not None]
         unique = list({c.cell_id: c for c in cells}.values())
         self.session.prefetch([cell for cell in unique if not self.session.skip_reason(cell)])
 
@@ -303,38 +181,16 @@ class SweepPlugin:
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
         report = yield
         if isinstance(collector, pytest.Session) and report.passed:
-            from pytest_budgetbench.collect import SweepModule, sweep_is_collected
+            from pytest_budgetbench.collect import add_sweep_module
 
-            if sweep_is_collected(self.config, only=self.config.getoption("budgetbench_only")):
-                from pytest_budgetbench.preflight import NothingToRun, check_not_empty
-
-                try:  # bad data is a usage error, not a collection error of one node
-                    check_not_empty(self.session.settings, self.session.cells)
-                    self.session.gates  # noqa: B018 - built once, here
-                except NothingToRun as exc:
-                    pytest.exit(str(exc), returncode=pytest.ExitCode.OK)
-                except BudgetBenchError as exc:
-                    raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
-                # First: the cells run (and are timed) before the tests that read them.
-                report.result.insert(0, SweepModule.for_session(collector))
+            add_sweep_module(self.config, self.session, collector, report)
         return report
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Cells and gates, and a user's test that asks for ``budget_cell``, are
         parametrized like any test: once per cell, once per gate."""
-        try:
-            if "budget_cell" in metafunc.fixturenames:
-                cells = self.session.cells
-                metafunc.parametrize(
-                    "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
-                )
-            if "budget_gate" in metafunc.fixturenames:
-                gates = self.session.gates
-                metafunc.parametrize(
-                    "budget_gate", gates, ids=[g.gate_id for g in gates], indirect=True
-                )
-        except BudgetBenchError as exc:
-            raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+        parametrize_sweep(metafunc, self.session)
+
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -345,26 +201,12 @@ class SweepPlugin:
 
     # -- reports: progress, teststatus, gates ------------------------------------------
     def _expect(self, cells: list[pytest.Item]) -> None:
-        self._expect_ids([i.nodeid for i in cells], [item_cell_of(i) for i in cells])
+        self._expect_ids([i.nodeid for i in cells], [item_cell(i) for i in cells])
 
     def _expect_ids(self, ids: list[str], cells: list[Cell | None] | None = None) -> None:
-        from collections import Counter
+        from pytest_budgetbench.progress import sweep_progress
 
-        from pytest_budgetbench.progress import SweepProgress
-
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        interval = self.session.settings.progress
-        if reporter is None or interval == 0 or self.config.get_verbosity() < 0 or not ids:
-            return
-        by_id = {c.cell_id: c.task for c in self.session.cells}
-        tasks = Counter(
-            cell.task if cell is not None else by_id.get(nodeids.params_of(nodeid), "?")
-            for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
-        )
-        tty = reporter.isatty  # a bool on pytest 8, a method on 9
-        in_place = bool(tty() if callable(tty) else tty) and self.config.get_verbosity() == 0
-        self.progress = SweepProgress(reporter, interval=interval, in_place=in_place)
-        self.progress.expect(dict(tasks))
+        self.progress = sweep_progress(self.config, self.session, ids, cells)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_report_teststatus(self, report: pytest.TestReport) -> Any:
@@ -382,28 +224,14 @@ class SweepPlugin:
             self.progress.add(report.user_properties)
         if nodeids.is_gate_nodeid(report.nodeid) and report.when == "call":
             # The verdict itself, from this process's gate or an xdist worker's report.
-            from pytest_budgetbench.cells import GateVerdict
-
-            self.session.verdicts.extend(GateVerdict.from_public(json.loads(str(value)))
-                                         for name, value in report.user_properties
-                                         if name == VERDICT_PROPERTY)
+            self.session.verdicts.extend(gate_verdicts(report))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Any:
         report = yield
-        from pytest_budgetbench.collect import is_sweep_item
-
-        if is_sweep_item(item) or _uses_budget_cell(item):
-            # Failures are shown without secrets, in the terminal and in --junitxml.
-            from pytest_budgetbench.failures import scrub_report
-
-            scrub_report(report, call.excinfo)
-        if is_sweep_item(item):
-            # The heading of a failure names the node id, which can be pasted back.
-            path, lineno, _domain = report.location
-            report.location = (path, lineno, item.nodeid)
+        present_report(item, call, report)
         return report
 
     # -- end of session ----------------------------------------------------------------
@@ -423,50 +251,9 @@ class SweepPlugin:
             return  # no sweep item ran (e.g. `pytest tests/test_x.py` with ini budgets)
         if self.progress is not None:
             self.progress.close()
-        from pytest_budgetbench.reports.terminal import write_summary
+        from pytest_budgetbench.summary import write_sweep_summary
 
-        run = self.session
-        write_summary(terminalreporter, run.store.run_dir, run.settings,
-                      report=run.report if run.report_dir is not None else None,
-                      verdicts=run.verdicts, report_dir=run.report_dir,
-                      report_missing=run.report_missing)
-        for line in self.session.cache_rejections():
-            terminalreporter.write_line(f"budgetbench: {line}", yellow=True)
-        endpoint = self.session.endpoint
-        if endpoint is not None and endpoint.embedded and not self.session.server_needed:
-            terminalreporter.write_line("budgetbench: the embedded model was not started: the "
-                                        "response cache held every reply this run needed")
-        if self.finish_error:
-            terminalreporter.write_line(self.finish_error, red=True, bold=True)
-
-
-def _is_cell_item(item: pytest.Item) -> bool:
-    from pytest_budgetbench.collect import is_sweep_item
-
-    return is_sweep_item(item) and nodeids.is_cell_name(item.name)
-
-
-def _uses_budget_cell(item: pytest.Item) -> bool:
-    return "budget_cell" in getattr(item, "fixturenames", ())
-
-
-def _in_sweep(item: pytest.Item) -> bool:
-    """A cell, a gate, or a user's test over the cells."""
-    from pytest_budgetbench.collect import is_sweep_item
-
-    return is_sweep_item(item) or _uses_budget_cell(item)
-
-
-def item_cell_of(item: pytest.Item) -> Cell | None:
-    from pytest_budgetbench.collect import item_cell
-
-    return item_cell(item)
-
-
-VERDICT_PROPERTY = "budgetbench_gate"
-"""The user property under which a gate item's report carries its verdict (JSON)."""
-NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "
-            "run this test over the sweep's cells")
+        write_sweep_summary(terminalreporter, self.session, self.finish_error)
 
 
 @pytest.fixture
@@ -476,26 +263,7 @@ def budget_cell(request: pytest.FixtureRequest) -> CellResult:
     Ask for it in your own test to write assertions over every cell; each such test is
     parametrized over the sweep's cells. Without a sweep the test is skipped.
     """
-    session = request.config.stash.get(SESSION_KEY, None)
-    if session is None:
-        pytest.skip(NO_SWEEP)
-    cell = request.param
-    reason = session.skip_reason(cell)
-    if reason:
-        pytest.skip(reason)
-    timer = _benchmark_timer(request)
-    try:
-        result = session.run_cell(cell, timer)
-    except StrategyAborted as exc:
-        # Its row is written; the run stops as a Ctrl-C would, summary and report included.
-        pytest.exit(redact(str(exc)), returncode=pytest.ExitCode.INTERRUPTED)
-    except EmbeddedServerError as exc:
-        _stop_without_a_server(request, exc)
-    if timer is not None and timer.timed:
-        request.getfixturevalue("benchmark").extra_info.update(
-            quality=result.quality, counted_tokens=result.row.counted_tokens
-        )
-    return result
+    return run_budget_cell(request)
 
 
 @pytest.fixture
@@ -506,57 +274,14 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     elsewhere: set[str] = set()
     if distributed.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
-        elsewhere = {c.cell_id for c in map(item_cell_of, request.session.items)
+        elsewhere = {c.cell_id for c in map(item_cell, request.session.items)
                      if c is not None}
     try:
         verdict = session.judge(spec, elsewhere)
     except EmbeddedServerError as exc:
-        _stop_without_a_server(request, exc)
+        stop_without_a_server(request, exc)
     # The controller's summary reads it, and --junitxml shows it as a property.
     request.node.user_properties.append((VERDICT_PROPERTY, json.dumps(verdict.public())))
     return verdict
 
 
-def _stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerError) -> NoReturn:
-    """The embedded server, started on the first cache miss, did not start: no later cell
-    could get a reply either, so the run stops with the reason, as a failed start before
-    the first cell does (the cell keeps its error row, which is never graded). An xdist
-    worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
-    worker with it, and prints it."""
-    reason = redact(f"budgetbench: {exc}")
-    if distributed.is_worker(request.config):
-        request.session.shouldstop = reason
-    pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
-
-
-def _benchmark_timer(request: pytest.FixtureRequest) -> _ModelCallTimer | None:
-    """Time the model call exactly once through pytest-benchmark, when it is active."""
-    config = request.config
-    # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
-    if not config.pluginmanager.hasplugin("benchmark") or distributed.worker_id():
-        return None
-    if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
-        return None  # cells run ahead in threads; there is no call left to time
-    if getattr(config.option, "benchmark_disable", False) or distributed.is_distributed(config):
-        return None
-
-    return _ModelCallTimer(request)
-
-
-class _ModelCallTimer:
-    """Times the one model call of a cell; a cell that makes none (a violation, a resumed
-    cell) never asks for the benchmark fixture, which pytest-benchmark would warn about."""
-
-    def __init__(self, request: pytest.FixtureRequest) -> None:
-        self.request = request
-        self.timed = False
-
-    def __call__(self, call: Callable[[], Any]) -> Any:
-        benchmark = self.request.getfixturevalue("benchmark")
-        cell = self.request.param
-        # One table per task and strategy@budget, not one ~200-column table of all cells.
-        benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
-        completion = benchmark.pedantic(call, rounds=1, iterations=1)
-        benchmark.extra_info["output_tokens"] = completion.completion_tokens
-        self.timed = True
-        return completion

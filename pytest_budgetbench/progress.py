@@ -20,7 +20,11 @@ from typing import TYPE_CHECKING, Any
 from pytest_budgetbench.records import Status
 
 if TYPE_CHECKING:
+    import pytest
+
+    from pytest_budgetbench.cells import Cell
     from pytest_budgetbench.runner import CellResult
+    from pytest_budgetbench.session import BudgetBenchSession
 
 PROPERTY = "budgetbench"
 """The name of the one user property a cell's report carries."""
@@ -145,3 +149,27 @@ class SweepProgress:
         if self._dirty_line:
             self.reporter.write_line("")
             self._dirty_line = False
+
+
+def sweep_progress(config: pytest.Config, session: BudgetBenchSession, ids: list[str],
+                   cells: list[Cell | None] | None = None) -> SweepProgress | None:
+    """The progress of the cells ``ids`` (with their ``cells`` where known), or None when
+    it is not shown (no terminal, ``--budgetbench-progress=0``, ``-q``, no cells)."""
+    from collections import Counter
+
+    from pytest_budgetbench import nodeids
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    interval = session.settings.progress
+    if reporter is None or interval == 0 or config.get_verbosity() < 0 or not ids:
+        return None
+    by_id = {c.cell_id: c.task for c in session.cells}
+    tasks = Counter(
+        cell.task if cell is not None else by_id.get(nodeids.params_of(nodeid), "?")
+        for nodeid, cell in zip(ids, cells or [None] * len(ids), strict=True)
+    )
+    tty = reporter.isatty  # a bool on pytest 8, a method on 9
+    in_place = bool(tty() if callable(tty) else tty) and config.get_verbosity() == 0
+    progress = SweepProgress(reporter, interval=interval, in_place=in_place)
+    progress.expect(dict(tasks))
+    return progress

@@ -5,19 +5,33 @@ parametrizes any test: ``cell`` once per cell, ``gate`` once per gate that was a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_budgetbench.errors import BudgetExceeded
+from pytest_budgetbench import distributed
+from pytest_budgetbench.errors import (
+    BudgetBenchError,
+    BudgetExceeded,
+    EmbeddedServerError,
+    StrategyAborted,
+)
 from pytest_budgetbench.records import Status
+from pytest_budgetbench.redact import redact
 from pytest_budgetbench.session import SESSION_KEY
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import GateVerdict
     from pytest_budgetbench.runner import CellResult
+    from pytest_budgetbench.session import BudgetBenchSession
 
 pytestmark = [pytest.mark.budgetbench]
+VERDICT_PROPERTY = "budgetbench_gate"
+"""The user property under which a gate item's report carries its verdict (JSON)."""
+NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "
+            "run this test over the sweep's cells")
 
 
 def assert_within_budget(result: CellResult, *, gated: bool = False) -> None:
@@ -51,3 +65,100 @@ def gate(budget_gate: GateVerdict) -> None:
     """One gate over the cells of one strategy@budget; fails with its one-line reason."""
     if not budget_gate.passed:
         pytest.fail(budget_gate.message or budget_gate.spec.gate_id, pytrace=False)
+
+
+# -- helpers of the budget_cell and budget_gate fixtures -------------------------------
+def stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerError) -> NoReturn:
+    """The embedded server, started on the first cache miss, did not start: no later cell
+    could get a reply either, so the run stops with the reason, as a failed start before
+    the first cell does (the cell keeps its error row, which is never graded). An xdist
+    worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
+    worker with it, and prints it."""
+    reason = redact(f"budgetbench: {exc}")
+    if distributed.is_worker(request.config):
+        request.session.shouldstop = reason
+    pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def benchmark_timer(request: pytest.FixtureRequest) -> ModelCallTimer | None:
+    """Time the model call exactly once through pytest-benchmark, when it is active."""
+    config = request.config
+    # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
+    if not config.pluginmanager.hasplugin("benchmark") or distributed.worker_id():
+        return None
+    if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
+        return None  # cells run ahead in threads; there is no call left to time
+    if getattr(config.option, "benchmark_disable", False) or distributed.is_distributed(config):
+        return None
+
+    return ModelCallTimer(request)
+
+
+class ModelCallTimer:
+    """Times the one model call of a cell; a cell that makes none (a violation, a resumed
+    cell) never asks for the benchmark fixture, which pytest-benchmark would warn about."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self.request = request
+        self.timed = False
+
+    def __call__(self, call: Callable[[], Any]) -> Any:
+        benchmark = self.request.getfixturevalue("benchmark")
+        cell = self.request.param
+        # One table per task and strategy@budget, not one ~200-column table of all cells.
+        benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
+        completion = benchmark.pedantic(call, rounds=1, iterations=1)
+        benchmark.extra_info["output_tokens"] = completion.completion_tokens
+        self.timed = True
+        return completion
+
+
+def parametrize_sweep(metafunc: pytest.Metafunc, session: BudgetBenchSession) -> None:
+    """Parametrize a test over the cells (``budget_cell``) and the gates (``budget_gate``)
+    it asks for; a bad sweep is a usage error."""
+    try:
+        if "budget_cell" in metafunc.fixturenames:
+            cells = session.cells
+            metafunc.parametrize(
+                "budget_cell", cells, ids=[c.cell_id for c in cells], indirect=True
+            )
+        if "budget_gate" in metafunc.fixturenames:
+            gates = session.gates
+            metafunc.parametrize(
+                "budget_gate", gates, ids=[g.gate_id for g in gates], indirect=True
+            )
+    except BudgetBenchError as exc:
+        raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
+
+
+def run_budget_cell(request: pytest.FixtureRequest) -> CellResult:
+    """What the ``budget_cell`` fixture gives: the cell ``request.param``, run (skipped
+    without a sweep or when the session skips it)."""
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        pytest.skip(NO_SWEEP)
+    cell = request.param
+    reason = session.skip_reason(cell)
+    if reason:
+        pytest.skip(reason)
+    timer = benchmark_timer(request)
+    try:
+        result = session.run_cell(cell, timer)
+    except StrategyAborted as exc:
+        # Its row is written; the run stops as a Ctrl-C would, summary and report included.
+        pytest.exit(redact(str(exc)), returncode=pytest.ExitCode.INTERRUPTED)
+    except EmbeddedServerError as exc:
+        stop_without_a_server(request, exc)
+    if timer is not None and timer.timed:
+        request.getfixturevalue("benchmark").extra_info.update(
+            quality=result.quality, counted_tokens=result.row.counted_tokens
+        )
+    return result
+
+
+def gate_verdicts(report: pytest.TestReport) -> list[GateVerdict]:
+    """The verdicts a gate item's report carries (under :data:`VERDICT_PROPERTY`)."""
+    from pytest_budgetbench.cells import GateVerdict
+
+    return [GateVerdict.from_public(json.loads(str(value)))
+            for name, value in report.user_properties if name == VERDICT_PROPERTY]

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "catalog", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),
-    ("progress", "failures", "arguments"),
+    ("progress", "summary", "failures", "arguments"),
     ("sweep_tests",),
     ("collect",),
     ("plugin", "cli", "train_router"),
