@@ -144,6 +144,12 @@ def item_cell(item: pytest.Item) -> Cell | None:
     return cell
 
 
+def cells_of(items: list[pytest.Item]) -> list[Cell]:
+    """The cells ``items`` run, each once, in order."""
+    cells = [c for c in map(item_cell, items) if c is not None]
+    return list({c.cell_id: c for c in cells}.values())
+
+
 def is_gate_item(item: pytest.Item) -> bool:
     return is_sweep_item(item) and nodeids.is_gate_name(item.name)
 

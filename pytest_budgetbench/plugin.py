@@ -14,7 +14,6 @@ cells' and gates' tests), :mod:`~pytest_budgetbench.progress` and
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from pytest_budgetbench.arguments import (
     settings_of,
 )
 from pytest_budgetbench.collect import (
+    cells_of,
     in_sweep,
     is_cell_item,
     item_cell,
@@ -35,17 +35,16 @@ from pytest_budgetbench.collect import (
     select_sweep_items,
 )
 from pytest_budgetbench.config import OPTIONS
-from pytest_budgetbench.errors import BudgetBenchError, EmbeddedServerError
+from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.options import Option
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.session import SESSION_KEY
 from pytest_budgetbench.sweep_tests import (
-    VERDICT_PROPERTY,
     assert_within_budget,
     gate_verdicts,
+    judge_gate,
     parametrize_sweep,
     run_budget_cell,
-    stop_without_a_server,
 )
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
@@ -172,9 +171,8 @@ class SweepPlugin:
             return
         if self.distributed:
             return  # xdist's controller runs no test; its workers run one cell at a time
-        cells = [c for c in map(item_cell, session.items) if c is not None]
-        unique = list({c.cell_id: c for c in cells}.values())
-        self.session.prefetch([cell for cell in unique if not self.session.skip_reason(cell)])
+        cells = cells_of(session.items)
+        self.session.prefetch([cell for cell in cells if not self.session.skip_reason(cell)])
 
     # -- collection: the budgetbench node, its cells and gates --------------------------
     @pytest.hookimpl(wrapper=True)
@@ -274,14 +272,7 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     elsewhere: set[str] = set()
     if distributed.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
-        elsewhere = {c.cell_id for c in map(item_cell, request.session.items)
-                     if c is not None}
-    try:
-        verdict = session.judge(spec, elsewhere)
-    except EmbeddedServerError as exc:
-        stop_without_a_server(request, exc)
-    # The controller's summary reads it, and --junitxml shows it as a property.
-    request.node.user_properties.append((VERDICT_PROPERTY, json.dumps(verdict.public())))
-    return verdict
+        elsewhere = {c.cell_id for c in cells_of(request.session.items)}
+    return judge_gate(request, session, spec, elsewhere)
 
 

@@ -23,7 +23,7 @@ from pytest_budgetbench.redact import redact
 from pytest_budgetbench.session import SESSION_KEY
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.cells import GateVerdict
+    from pytest_budgetbench.cells import GateSpec, GateVerdict
     from pytest_budgetbench.runner import CellResult
     from pytest_budgetbench.session import BudgetBenchSession
 
@@ -162,3 +162,16 @@ def gate_verdicts(report: pytest.TestReport) -> list[GateVerdict]:
 
     return [GateVerdict.from_public(json.loads(str(value)))
             for name, value in report.user_properties if name == VERDICT_PROPERTY]
+
+
+def judge_gate(request: pytest.FixtureRequest, session: BudgetBenchSession, spec: GateSpec,
+               elsewhere: set[str]) -> GateVerdict:
+    """What the ``budget_gate`` fixture gives: the verdict of ``spec``, also kept on the
+    item's report."""
+    try:
+        verdict = session.judge(spec, elsewhere)
+    except EmbeddedServerError as exc:
+        stop_without_a_server(request, exc)
+    # The controller's summary reads it, and --junitxml shows it as a property.
+    request.node.user_properties.append((VERDICT_PROPERTY, json.dumps(verdict.public())))
+    return verdict
