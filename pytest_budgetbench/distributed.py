@@ -10,12 +10,13 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench import nodeids
 from pytest_budgetbench.nodeids import GATES_SCOPE, SWEEP_NODE
+
+if TYPE_CHECKING:
+    import pytest
 
 WORKER_KEY = "budgetbench"
 """The run's state in ``workerinput``: its directory and endpoints, named once by the
@@ -25,6 +26,12 @@ controller."""
 def worker_id() -> str | None:
     """This worker's name (``gw0``), or None outside xdist's workers."""
     return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def worker_count() -> int:
+    """How many xdist workers share this machine's cores (1 outside xdist)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    return int(workers) if workers.isdigit() and int(workers) > 0 else 1
 
 
 def is_worker(config: pytest.Config) -> bool:

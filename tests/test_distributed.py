@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -30,3 +31,17 @@ def test_cells_go_out_by_group_and_gates_last_together(pytester: pytest.Pytester
     # A user's test over budget_cell, beside another parameter, joins the cell's group.
     assert scope("tests/test_x.py::test_y[needle-0-plain-512-1]") == "budgetbench-group:g1"
     assert scope("budgetbench::gate[max-violation-rate plain@512]") == "budgetbench::gate"
+
+
+def test_the_embedder_shares_the_cores_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_budgetbench.embeddings.backends import default_threads
+
+    worker_count = distributed.worker_count
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    assert (worker_count(), default_threads()) == (1, 4)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    assert (worker_count(), default_threads()) == (2, 2)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "junk")
+    assert worker_count() == 1

@@ -81,9 +81,9 @@ def default_threads() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    share = int(workers) if workers.isdigit() and int(workers) > 0 else 1
-    return max(1, cores // share)
+    from pytest_budgetbench.distributed import worker_count
+
+    return max(1, cores // worker_count())
 
 
 def model_fingerprint(path: str) -> str:
