@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.errors import BudgetExceeded, RequestTimeout, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
-from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.messages import Message, Tool, text_of
 
 # A fixed system message that per-message counts are measured against (see count_message).
 _ANCHOR: Message = {"role": "system", "content": "."}
@@ -93,8 +93,12 @@ def message_key(message: Message) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def prompt_sha256(messages: Sequence[Message]) -> str:
-    blob = json.dumps(list(messages), sort_keys=True, ensure_ascii=False)
+def prompt_sha256(messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> str:
+    """The digest of a prompt as sent: its messages, and its tools when it has any (a
+    prompt without tools keeps the digest it always had)."""
+    value: object = list(messages) if not tools else {"messages": list(messages),
+                                                      "tools": list(tools)}
+    blob = json.dumps(value, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -162,37 +166,45 @@ class TokenCounter(ABC):
         return made
 
     @abstractmethod
-    def _count_prompt(self, messages: Sequence[Message]) -> int:
-        """Tokens of the full chat-formatted prompt, generation prompt included."""
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
+        """Tokens of the full chat-formatted prompt, generation prompt included, with
+        ``tools`` rendered as the template renders them when given."""
 
     @abstractmethod
     def _count_text(self, text: str) -> int:
         """Tokens of plain text, with no template and no special tokens."""
 
-    def count_messages(self, messages: Sequence[Message]) -> int:
-        """Tokens of the full prompt exactly as the model receives it.
+    def count_messages(self, messages: Sequence[Message],
+                       tools: Sequence[Tool] | None = None) -> int:
+        """Tokens of the full prompt exactly as the model receives it, with ``tools`` (the
+        tool schemas sent beside it, rendered by the chat template) when given.
 
         The template's framing plus the messages' cached counts where the probes showed
         that to equal the whole count (:meth:`framing`); otherwise the whole prompt,
         remembered per prompt: a sweep counts the same prompt at every budget it fits (and
-        truncation at a large budget sends full_context's prompt).
+        truncation at a large budget sends full_context's prompt). A prompt with tools is
+        always counted whole.
         """
-        framing = self.framing(messages)
+        framing = None if tools else self.framing(messages)
         if framing is not None:
             try:
                 return framing + sum(self.count_message(m) for m in messages)
             except Exception:  # a message the template cannot render: the whole count says why
                 pass
-        return self.count_whole(messages)
+        return self.count_whole(messages, tools)
 
-    def count_whole(self, messages: Sequence[Message]) -> int:
-        """Tokens of the full prompt, rendered and tokenized as one (remembered per prompt)."""
-        key = prompt_sha256(messages)
+    def count_whole(self, messages: Sequence[Message],
+                    tools: Sequence[Tool] | None = None) -> int:
+        """Tokens of the full prompt (with ``tools``), rendered and tokenized as one
+        (remembered per prompt)."""
+        key = prompt_sha256(messages, tools)
         cached = self._prompt_cache.get(key)
         if cached is None:
             if len(self._prompt_cache) >= PROMPT_CACHE_SIZE:
                 self._prompt_cache.pop(next(iter(self._prompt_cache)))
-            cached = self._prompt_cache[key] = self._count_prompt(messages)
+            cached = self._prompt_cache[key] = (
+                self._count_prompt(messages, tools) if tools else self._count_prompt(messages))
         return cached
 
     def count_text(self, text: str) -> int:
@@ -282,7 +294,8 @@ class ApproxCounter(TokenCounter):
     def _count_text(self, text: str) -> int:
         return math.ceil(len(text) / 4)
 
-    def _count_prompt(self, messages: Sequence[Message]) -> int:
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
         return framed_estimate(messages, self._count_text)
 
     def _counts_like(self) -> Hashable:
@@ -346,7 +359,8 @@ class GGUFCounter(TokenCounter):
         result = self._formatter(messages=list(messages))  # type: ignore[arg-type]
         return result.prompt, bool(result.added_special)
 
-    def _count_prompt(self, messages: Sequence[Message]) -> int:
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
         prompt, added_special = self.render(_text_only(messages))
         tokens = self._llama.tokenize(
             prompt.encode("utf-8"), add_bos=not added_special, special=True
@@ -398,7 +412,8 @@ class HFCounter(TokenCounter):
         # Without a chat template we can only count content: say so in every row.
         self.exact = bool(getattr(self._tok, "chat_template", None))
 
-    def _count_prompt(self, messages: Sequence[Message]) -> int:
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
         if not self.exact:
             return framed_estimate(messages, self._count_text)
         ids: Any = self._tok.apply_chat_template(
@@ -542,7 +557,8 @@ class ServerCounter(TokenCounter):
                 "use --budgetbench-tokenizer=hf:PATH or approx for this endpoint"
             )) from None
 
-    def _count_prompt(self, messages: Sequence[Message]) -> int:
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
         if self._route is None:
             self._discover()
         if self._route == "/extras/tokenize":

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.errors import CacheError
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.model import ChatModel, Completion
 from pytest_budgetbench.redact import redact_url
 
@@ -86,12 +86,16 @@ CREATE TABLE IF NOT EXISTS claims (
 
 
 def request_key(endpoint: str, model: str, params: dict[str, Any],
-                messages: Sequence[Message]) -> str:
+                messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> str:
     """The content address of one chat request; ``endpoint`` names who answers it (a URL,
-    redacted here, or the embedded model's identity, which outlives its port)."""
+    redacted here, or the embedded model's identity, which outlives its port). A request
+    with tools keys on them too; one without keeps the key it always had."""
+    request: dict[str, Any] = {"endpoint": redact_url(endpoint), "model": model,
+                               "params": params, "messages": list(messages)}
+    if tools:
+        request["tools"] = list(tools)
     canonical = json.dumps(
-        {"endpoint": redact_url(endpoint), "model": model, "params": params,
-         "messages": list(messages)},
+        request,
         sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
@@ -470,22 +474,24 @@ class CachingChatModel:
     def params(self) -> dict[str, Any]:
         return self._chat.params
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None) -> Completion:
         key = request_key(self.endpoint, self.model,
-                          {**self.params, "max_tokens": max_tokens}, messages)
+                          {**self.params, "max_tokens": max_tokens}, messages, tools)
         delay = self._poll_s
         while True:
             found = self._store.lookup(key)
             if found is not None:
                 return found
             if self._store.claim(key):
-                return self._send(key, messages, max_tokens)
+                return self._send(key, messages, max_tokens, tools)
             time.sleep(delay)  # someone else is sending this very request
             delay = min(delay * 2, 1.0)
 
-    def _send(self, key: str, messages: Sequence[Message], max_tokens: int) -> Completion:
+    def _send(self, key: str, messages: Sequence[Message], max_tokens: int,
+              tools: Sequence[Tool] | None) -> Completion:
         try:
-            completion = self._chat.complete(messages, max_tokens=max_tokens)
+            completion = self._chat.complete(messages, max_tokens=max_tokens, tools=tools)
         except BaseException:
             self._store.release(key)  # a waiter then sends it itself
             raise

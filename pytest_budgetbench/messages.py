@@ -1,4 +1,13 @@
-"""Chat messages in the OpenAI format, and the checks the runner applies to them."""
+"""Chat messages in the OpenAI format, tool calls included, and the checks the runner
+applies to them.
+
+An agent's trajectory is plain OpenAI chat: an assistant message may carry ``tool_calls``
+(its ``content`` then ``None`` or text), and each call is answered by a ``tool`` message
+with the call's ``tool_call_id``. A call and its results are a *pair*: the results follow
+the call at once, one per call id, before anything else. :func:`check_tool_pairs` is the
+rule the runner applies to every prompt a strategy builds; :func:`exchanges` groups a
+history into units that keep pairs whole, for strategies that drop or keep messages.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +19,13 @@ Message = dict[str, Any]
 """One chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": ...}``.
 
 ``content`` is a string, or a list of content parts (``{"type": "text", "text": ...}``,
-``{"type": "image_url", ...}``) as the OpenAI chat API accepts.
+``{"type": "image_url", ...}``) as the OpenAI chat API accepts; an assistant message with
+``tool_calls`` may have ``content`` None. A ``tool`` message has ``tool_call_id``.
 """
+
+Tool = dict[str, Any]
+"""One tool in the OpenAI format: ``{"type": "function", "function": {"name": ...,
+"description": ..., "parameters": {JSON schema}}}``."""
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
@@ -40,15 +54,99 @@ def check_messages(value: object, produced_by: str) -> list[Message]:
                 f"each must be a dict with 'role' in {sorted(ROLES)} (got {message!r:.80})"
             )
         content = message.get("content")
-        if not isinstance(content, (str, list)):
+        calls = message.get("tool_calls")
+        if calls is not None:
+            _check_calls(message, index, produced_by)
+        if not isinstance(content, (str, list)) and not (content is None and calls):
             raise TypeError(
                 f"{produced_by} returned message {index} without string or list 'content' "
-                f"(got {type(content).__name__})"
+                f"(got {type(content).__name__}; only an assistant message with tool_calls "
+                "may have none)"
             )
         if isinstance(content, list):
             _check_parts(content, index, produced_by)
+        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise TypeError(
+                f"{produced_by} returned tool message {index} without a string "
+                f"'tool_call_id' (got {message.get('tool_call_id')!r:.40})"
+            )
     _check_json(value, produced_by)
     return value
+
+
+def _check_calls(message: Message, index: int, produced_by: str) -> None:
+    """``tool_calls`` as the chat API takes them: on an assistant message, a non-empty list
+    of ``{"id": str, "type": "function", "function": {"name": str, "arguments": str}}``."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not isinstance(calls, list) or not calls:
+        raise TypeError(
+            f"{produced_by} returned message {index} with 'tool_calls' that is not a "
+            "non-empty list on an assistant message"
+        )
+    for position, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(call, dict) or not isinstance(call.get("id"), str)
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments"), str)):
+            raise TypeError(
+                f"{produced_by} returned message {index} with tool call {position} that is "
+                "not {'id': str, 'type': 'function', 'function': {'name': str, "
+                f"'arguments': JSON text}} (got {call!r:.80})"
+            )
+
+
+def tool_calls_of(message: Message) -> list[dict[str, Any]]:
+    """The tool calls a message makes (none for any message but an assistant's)."""
+    calls = message.get("tool_calls")
+    return list(calls) if message.get("role") == "assistant" and calls else []
+
+
+def check_tool_pairs(messages: Sequence[Message], produced_by: str) -> None:
+    """Raise ValueError naming ``produced_by`` and the pair when a prompt breaks one: a
+    tool result whose call is not open just before it, or a call whose result does not
+    follow before any other message (or before the prompt ends)."""
+    open_calls: dict[str, tuple[int, str]] = {}
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in open_calls:
+                raise ValueError(
+                    f"{produced_by} broke a tool-call pair: the tool result at message {index} "
+                    f"answers call {call_id!r}, which no assistant message just before it "
+                    "makes (keep a call and its results together, or drop both)"
+                )
+            del open_calls[str(call_id)]
+            continue
+        _unanswered(open_calls, f"message {index}", produced_by)
+        for call in tool_calls_of(message):
+            open_calls[str(call.get("id"))] = (index, str(call.get("function", {}).get("name")))
+    _unanswered(open_calls, "the prompt ends", produced_by)
+
+
+def _unanswered(open_calls: dict[str, tuple[int, str]], before: str, produced_by: str) -> None:
+    if not open_calls:
+        return
+    call_id, (at, name) = next(iter(open_calls.items()))
+    raise ValueError(
+        f"{produced_by} broke a tool-call pair: call {call_id!r} ({name}) at message {at} "
+        f"has no tool result before {before} (keep a call and its results together, or "
+        "drop both)"
+    )
+
+
+def exchanges(messages: Sequence[Message]) -> list[list[Message]]:
+    """``messages`` in units that keep tool-call pairs whole: an assistant message with
+    tool calls together with the tool results that follow it; every other message alone.
+    A strategy that keeps or drops whole units never breaks a pair."""
+    units: list[list[Message]] = []
+    for message in messages:
+        if message.get("role") == "tool" and units and tool_calls_of(units[-1][0]):
+            units[-1].append(message)
+        else:
+            units.append([message])
+    return units
 
 
 def _check_parts(parts: list[Any], index: int, produced_by: str) -> None:

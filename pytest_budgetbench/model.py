@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.errors import EndpointError, RequestTimeout
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.redact import (
     first_line,
     redact,
@@ -41,11 +41,24 @@ the context only has to hold the prompt, and how idle threads wait is not arithm
 @dataclass(frozen=True)
 class Completion:
     text: str
+    """The reply's text; empty when the reply is only tool calls."""
     prompt_tokens: int | None
     completion_tokens: int | None
     latency_s: float
     """The original call's latency, also when the reply comes from the response cache."""
     cached: bool = False
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    """The reply's tool calls in the OpenAI format (``{"id", "type": "function",
+    "function": {"name", "arguments"}}``), as the server gave them or as the endpoint's
+    tool-call parser read them from the text."""
+
+    @property
+    def message(self) -> Message:
+        """The reply as the assistant message an agent's trajectory appends."""
+        if not self.tool_calls:
+            return {"role": "assistant", "content": self.text}
+        return {"role": "assistant", "content": self.text or None,
+                "tool_calls": [dict(call) for call in self.tool_calls]}
 
 
 MAX_BACKOFF_S = 60.0
@@ -56,7 +69,10 @@ class ChatBackend(Protocol):
     """What answers a chat, as every consumer sees it: :class:`ChatModel`, the response
     cache around one, a test's fake. The runner, auxiliary calls and training need no more."""
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion: ...
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None) -> Completion:
+        """The reply to ``messages``; ``tools``, when given, are sent with the request."""
+        ...
 
 
 def retry_after_seconds(header: str | None, now: float | None = None) -> float | None:
@@ -212,10 +228,14 @@ class ChatModel:
             timeout=self.timeout, max_retries=0, default_query=query or None,
         )
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None) -> Completion:
         self._url()  # a server started on demand starts here, outside the request's deadline
-        body = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
-                "temperature": self.temperature, "seed": self.seed}
+        body: dict[str, Any] = {"model": self.model, "messages": list(messages),
+                                "max_tokens": max_tokens, "temperature": self.temperature,
+                                "seed": self.seed}
+        if tools:
+            body["tools"] = list(tools)
 
         def post(client: Any) -> Any:
             return client.post("/chat/completions", cast_to=self._completion_type, body=body)
@@ -284,7 +304,11 @@ class ChatModel:
         choices = getattr(response, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
             raise EndpointError(self._malformed("no choices/message"))
-        text = choices[0].message.content
+        message = choices[0].message
+        calls = tuple(_call_dict(call) for call in (getattr(message, "tool_calls", None) or ()))
+        text = message.content
+        if text is None and calls:
+            text = ""
         if not isinstance(text, str):
             raise EndpointError(self._malformed("message has no content"))
         usage = getattr(response, "usage", None)
@@ -293,7 +317,16 @@ class ChatModel:
             prompt_tokens=getattr(usage, "prompt_tokens", None),
             completion_tokens=getattr(usage, "completion_tokens", None),
             latency_s=latency_s,
+            tool_calls=calls,
         )
+
+
+def _call_dict(call: Any) -> dict[str, Any]:
+    """One tool call of a reply as plain JSON data, the shape a trajectory keeps."""
+    function = getattr(call, "function", None)
+    return {"id": str(getattr(call, "id", "") or ""), "type": "function",
+            "function": {"name": str(getattr(function, "name", "") or ""),
+                         "arguments": str(getattr(function, "arguments", "") or "")}}
 
 
 def _close_client(client: Any) -> None:

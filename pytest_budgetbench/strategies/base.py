@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pytest_budgetbench.errors import Requirement
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.options import Option
 
 if TYPE_CHECKING:
@@ -80,6 +80,9 @@ class StrategyContext:
     work_dir: Path | None = None
     """Where the strategy may write files in a run (``<run>/strategy-files``, created by
     the strategy when it needs it); None outside a run. Nothing else may be written."""
+    tools: list[Tool] = field(default_factory=list)
+    """The tools sent with the model call this prompt is for (an agentic task's), which
+    the counter already includes in its whole-prompt counts; empty for a single-call task."""
     aux_failures: int = 0
     """Auxiliary replies the strategy could not use (not JSON, wrong keys), counted by the
     strategy as it goes on without them; the row records it as ``aux_failures``."""

@@ -7,9 +7,17 @@ from collections.abc import Iterable, Mapping
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.registry import Registry
 from pytest_budgetbench.task_grammar import TaskDefinition
-from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
+from pytest_budgetbench.tasks.base import (
+    Environment,
+    EpisodicTask,
+    Grade,
+    Item,
+    Task,
+    TaskOptions,
+)
 
-__all__ = ["REGISTRY", "Grade", "Item", "Task", "TaskOptions", "resolve_task", "sweep_tasks"]
+__all__ = ["REGISTRY", "Environment", "EpisodicTask", "Grade", "Item", "Task", "TaskOptions",
+           "resolve_task", "sweep_tasks"]
 
 REGISTRY: Registry[Task] = Registry(
     kind="task",

@@ -8,12 +8,13 @@ and names each item's category for splits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, Requirement
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.options import DataFile, Option, positive_int
 
 if TYPE_CHECKING:
@@ -141,3 +142,64 @@ class Task(ABC):
     def skip_reason(self, endpoint_info: dict[str, Any]) -> str | None:
         """Why this task cannot run on this endpoint (e.g. it needs vision), or None."""
         return None
+
+
+class Environment(ABC):
+    """One episode of an agentic task: the world the model acts in, fresh per episode.
+
+    The runner drives it::
+
+        trajectory = env.start()
+        while True:
+            prompt = strategy.apply(trajectory, budget)   # counted and enforced, every call
+            reply = model(prompt, tools=env.tools)        # an assistant message
+            trajectory.append(reply)
+            following = env.respond(reply)
+            if following is None: break                   # the episode is over
+            trajectory += following
+
+    ``respond`` executes the reply's tool calls and returns one ``tool`` message per call
+    (in call order, each with its ``tool_call_id``), or, when the reply makes no call, the
+    next user turn; None ends the episode. An environment keeps its own caps (BFCL's 20
+    steps a turn); the runner's ``--budgetbench-max-calls`` ends a runaway episode too.
+    """
+
+    tools: list[Tool]
+    """The tools the model may call, sent with every request; ``respond`` may change them
+    between calls (a tool that appears at a later turn)."""
+
+    @abstractmethod
+    def start(self) -> list[Message]:
+        """The first messages: a system prompt if any, and the first user turn."""
+
+    @abstractmethod
+    def respond(self, reply: Message) -> list[Message] | None:
+        """The messages that follow the model's reply, or None when the episode is over."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most environments hold nothing
+        """Release what the episode holds; called once, however the episode ended."""
+
+
+class EpisodicTask(Task):
+    """A task whose items are episodes: the model calls tools across many calls, and the
+    grade is of the whole trajectory (the calls it made, the state they left).
+
+    ``Item.messages`` holds the episode's first messages (what :meth:`Environment.start`
+    gives), for reports and for counting; :meth:`environment` makes the live episode.
+    Grading reads only the trajectory, so ``budgetbench regrade`` needs no model call.
+    """
+
+    @abstractmethod
+    def environment(self, item: Item) -> Environment:
+        """A fresh episode of ``item``."""
+
+    @abstractmethod
+    def grade_trajectory(self, item: Item, trajectory: Sequence[Message]) -> Grade:
+        """Grade a finished (or ended) episode from its trajectory: every message, the
+        first ones, the model's replies, the tool results and the later user turns."""
+
+    def grade(self, item: Item, prediction: str) -> Grade:
+        raise TypeError(
+            f"task '{self.name}' is episodic: it grades a trajectory "
+            "(grade_trajectory), not one reply"
+        )
