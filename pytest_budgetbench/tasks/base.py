@@ -40,6 +40,9 @@ class Item:
     answer: Any
     category: str
     meta: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    tools: tuple[Tool, ...] = ()
+    """Tools sent with the item's model call (and counted with its prompt): an agent's
+    tools when ``messages`` is a trajectory with tool calls; empty for most tasks."""
 
 
 @dataclass(frozen=True)
