@@ -271,6 +271,12 @@ class TokenCounter(ABC):
         messages' counts), or None where it must be counted whole."""
         return self.additivity().framing(messages)
 
+    def prompt_token_ids(self, messages: Sequence[Message],
+                         tools: Sequence[Tool] | None = None) -> list[int] | None:
+        """The prompt's token ids as the model receives it, where this counter can give
+        them (an agent episode's prefix reuse compares them call to call); else None."""
+        return None
+
     def _anchor_tokens(self) -> int:
         key = "__anchor__"
         cached = self._message_cache.get(key)

@@ -159,6 +159,8 @@ class Settings:
     model: str | None = None
     vision: Literal["on", "off"] = "off"
     max_tokens: int = 32
+    agent_max_tokens: int = 256
+    max_calls: int = 100
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
@@ -294,6 +296,10 @@ OPTIONS: tuple[Option, ...] = (
     _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
           "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
     _core("max_tokens", "max output tokens per answer", positive_int),
+    _core("agent_max_tokens", "max output tokens per model call in an agent episode "
+          "(a tool call needs more than a short answer)", positive_int),
+    _core("max_calls", "model calls an agent episode may make before the runner ends it "
+          "(a runaway agent); the row says it ended at the cap", positive_int),
     _core("temperature", "sampling temperature", non_negative),
     _core("api_key_env", "name of the environment variable holding the API key", str,
           metavar="VAR"),

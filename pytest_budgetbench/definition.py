@@ -32,7 +32,8 @@ KEY = "definition"
 """The block's key in run.json."""
 
 CELL_SETTINGS: tuple[str, ...] = (
-    "model", "seed", "items", "max_tokens", "temperature", "tokenizer", "grader",
+    "model", "seed", "items", "max_tokens", "agent_max_tokens", "max_calls", "temperature",
+    "tokenizer", "grader",
     "judge_model", "embedding_model", "embedding_backend", "aux_models",
 )
 """The core settings that change what a cell is (its prompt, its request or its grade).

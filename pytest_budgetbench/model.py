@@ -51,6 +51,9 @@ class Completion:
     """The reply's tool calls in the OpenAI format (``{"id", "type": "function",
     "function": {"name", "arguments"}}``), as the server gave them or as the endpoint's
     tool-call parser read them from the text."""
+    parsed_tool_calls: int = 0
+    """How many of ``tool_calls`` the endpoint's tool-call parser read from the reply's
+    text (a server that returns calls as text); 0 when the server gave them as calls."""
 
     @property
     def message(self) -> Message:

@@ -4,6 +4,7 @@ Layout of a run directory::
 
     <out>/<run_id>/cells.jsonl     one row per cell (see CellRow)
     <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
+    <out>/<run_id>/episodes.jsonl  an agent episode's trajectory and calls, per episode cell
     <out>/<run_id>/run.json        the run's settings and definition, written by the controller
     <out>/<run_id>/run.lock        held (flock) by the controller while a session writes the run
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import ConfigError, RecordError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
@@ -102,6 +103,17 @@ class CellRow(Mapping[str, Any]):
     seed: int | None = None
     worker: str | None = None  # the xdist worker that ran the cell, or null
     time: float | None = None
+    # An agent episode's cell (schema 3); null for a single-call cell. counted_tokens is
+    # then its largest call's count, model_s and output_tokens its calls' sums.
+    calls: int | None = None  # model calls made, the one over budget included
+    ended: str | None = None  # done | violation | max_calls | error
+    call_tokens: list[int] | None = None  # counted prompt tokens per call
+    max_call_tokens: int | None = None
+    p95_call_tokens: int | None = None
+    sum_call_tokens: int | None = None  # counted prompt tokens of the calls sent
+    violated_call: int | None = None  # 1-based index of the call over budget
+    total_tokens: int | None = None  # every sent call's prompt and output tokens: its cost
+    prefix_reuse: float | None = None  # share of prompt tokens the previous call's prefix held
 
     # -- the mapping face (read-only) -------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -164,6 +176,7 @@ _REQUIRED: tuple[str, ...] = tuple(
 
 CELLS_FILE = "cells.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
+EPISODES_FILE = "episodes.jsonl"
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
@@ -315,6 +328,15 @@ class RunStore:
         if messages is not None:
             record["messages"] = messages
         append_jsonl(self.prompts_path, record)
+
+    def write_episode(self, record: Mapping[str, Any]) -> None:
+        """An agent episode's trajectory and calls, before its row (see episode.py)."""
+        append_jsonl(self.run_dir / EPISODES_FILE, record)
+
+    def episodes(self) -> dict[str, dict[str, Any]]:
+        """The recorded episodes by cell id, the last record of each."""
+        return {str(record.get("cell_id")): record
+                for record in read_jsonl(self.run_dir / EPISODES_FILE)}
 
     def write_export(self, file_name: str, record: Mapping[str, Any]) -> None:
         append_jsonl(self.run_dir / "exports" / file_name, record)

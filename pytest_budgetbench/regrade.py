@@ -16,6 +16,7 @@ golds (and records them in the re-graded rows).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -27,8 +28,16 @@ from pytest_budgetbench.catalog import make_task
 from pytest_budgetbench.config import Settings
 from pytest_budgetbench.definition import same_gold, show
 from pytest_budgetbench.errors import ConfigError, DataError
-from pytest_budgetbench.records import CELLS_FILE, RUN_FILE, Status, append_jsonl, read_jsonl
-from pytest_budgetbench.tasks import Item, Task
+from pytest_budgetbench.records import (
+    CELLS_FILE,
+    EPISODES_FILE,
+    RUN_FILE,
+    RunStore,
+    Status,
+    append_jsonl,
+    read_jsonl,
+)
+from pytest_budgetbench.tasks import EpisodicTask, Grade, Item, Task
 
 DEFAULT_OUT = "regraded"
 _JUDGED = "llm-judge"
@@ -81,7 +90,7 @@ def regrade_run(
     settings = _settings(info.get("settings") or {}, variants or {}, data_paths or {})
     rows = list(read_jsonl(cells))
     _check_rows(cells, rows)
-    graders = _Graders(settings)
+    graders = _Graders(settings, RunStore(source).episodes())
     changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
     regraded, written = 0, []
     for row in rows:
@@ -100,6 +109,8 @@ def regrade_run(
     # Written once all rows are graded: a failure leaves no partial run behind.
     for row in written:
         append_jsonl(out / CELLS_FILE, row)
+    if (source / EPISODES_FILE).is_file():  # the regraded run's viewer shows them too
+        shutil.copyfile(source / EPISODES_FILE, out / EPISODES_FILE)
     _write_run_info(out, info, source, settings)
     return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes),
                          len(graders.new_golds))
@@ -126,8 +137,10 @@ def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
 class _Graders:
     """Tasks built from the run's settings, loaded once each, with items by id."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, episodes: dict[str, dict[str, Any]]) -> None:
         self.settings = settings
+        self.episodes = episodes
+        """The run's agent episodes by cell id: an episode is graded from its trajectory."""
         self._tasks: dict[str, tuple[Task, dict[str, Item]]] = {}
         self.new_golds: list[tuple[dict[str, Any], Any]] = []
         """Rows whose recorded gold the data no longer gives, with the data's gold."""
@@ -148,9 +161,18 @@ class _Graders:
         if row.get("gold") is not None and not same_gold(row["gold"], item.answer):
             self.new_golds.append((row, item.answer))
             graded["gold"] = item.answer
-        grade = task.grade(item, row["prediction"])
+        grade = self._grade(task, item, row)
         return {**graded, "quality": grade.quality, "extracted": grade.extracted,
                 "grader": grade.grader}
+
+    def _grade(self, task: Task, item: Item, row: dict[str, Any]) -> Grade:
+        if not isinstance(task, EpisodicTask):
+            return task.grade(item, row["prediction"])
+        episode = self.episodes.get(str(row.get("cell_id")))
+        if episode is None or not isinstance(episode.get("trajectory"), list):
+            raise DataError(f"regrade: episode cell {row.get('cell_id')} has no trajectory in "
+                            f"{EPISODES_FILE}: regrade the run directory it was recorded in")
+        return task.grade_trajectory(item, episode["trajectory"])
 
     def new_golds_message(self) -> str:
         row, gold = self.new_golds[0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pytest_budgetbench.aux_model import RecordedAuxModel
 from pytest_budgetbench.budget import (
@@ -23,6 +23,7 @@ from pytest_budgetbench.config import Settings
 from pytest_budgetbench.declared import strategy_values
 from pytest_budgetbench.distributed import worker_id
 from pytest_budgetbench.endpoint import Endpoint
+from pytest_budgetbench.episode import EpisodeLoop, fill_row
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     BudgetExceeded,
@@ -32,13 +33,20 @@ from pytest_budgetbench.errors import (
     StrategyError,
     TokenizerError,
 )
-from pytest_budgetbench.messages import Message, check_messages
+from pytest_budgetbench.messages import Message, Tool, check_messages, check_tool_pairs
 from pytest_budgetbench.model import ChatBackend, Completion
 from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
-from pytest_budgetbench.tasks import Item, Task
+from pytest_budgetbench.tasks import EpisodicTask, Item, Task
 
-Timer = Callable[[Callable[[], Completion]], Completion]
+T = TypeVar("T")
+
+
+class Timer(Protocol):
+    """Times a cell's model work, once: its one call, or an agent episode as a whole
+    (pytest-benchmark's ``pedantic`` in a sweep: ``sweep_tests.ModelCallTimer``)."""
+
+    def __call__(self, work: Callable[[], T]) -> T: ...
 
 
 @dataclass
@@ -147,6 +155,8 @@ class Runner:
             strategy = strategy or self._load(cell)
             self._describe(row, strategy, cell)
             context = self._context(cell, item, strategy)
+            if isinstance(task, EpisodicTask):
+                return self._run_episode(cell, task, item, strategy, context, row, timer)
             return self._run(cell, task, item, strategy, context, row, timer)
         except RecordError:
             raise  # the row itself could not be written: there is nothing more to record
@@ -172,7 +182,7 @@ class Runner:
     ) -> CellResult:
         prompt, row.strategy_s, counted = self._apply(strategy, item, cell, context)
         self._record_strategy(row, context)
-        sha = prompt_sha256(prompt)
+        sha = prompt_sha256(prompt, item.tools)
         row.counted_tokens, row.prompt_sha256 = counted, sha
         row.utilisation = round(counted / cell.budget, 4)
         self._audit(cell, sha, prompt)
@@ -183,7 +193,7 @@ class Runner:
             self.store.write_row(row)
             return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
 
-        completion = self._call(prompt, timer)
+        completion = self._call(prompt, timer, item.tools, self.settings.max_tokens)
         grade = task.grade(item, completion.text)
         row.status = Status.OK
         row.prediction = completion.text
@@ -202,6 +212,55 @@ class Runner:
         if exported is not None:
             self.store.write_export(*exported)
         return CellResult(cell, item, row, prompt, strategy.reference)
+
+    def _run_episode(
+        self,
+        cell: Cell,
+        task: EpisodicTask,
+        item: Item,
+        strategy: Strategy,
+        context: StrategyContext,
+        row: CellRow,
+        timer: Timer | None,
+    ) -> CellResult:
+        """An agent episode: the strategy builds, and the runner counts and enforces, the
+        prompt of every call (see :mod:`~pytest_budgetbench.episode`)."""
+        environment = task.environment(item)
+        try:
+            self._prompt_of(strategy, cell, lambda: strategy.reset(context), count=None)
+            loop = EpisodeLoop(
+                environment, self.tokens, cell.budget, self.settings.max_calls,
+                build=lambda trajectory, tools: self._episode_prompt(
+                    strategy, cell, context, trajectory, tools),
+                send=lambda prompt, tools: self._call(
+                    prompt, None, tools, self.settings.agent_max_tokens),
+                describe_violation=lambda check, call: violation_message(
+                    f"{cell.cell_id} (call {call})", strategy.name, check, self.tokens),
+            )
+            episode = timer(loop.play) if timer is not None else loop.play()
+        finally:
+            environment.close()
+        self._record_strategy(row, context)
+        fill_row(row, episode)
+        if row.status != Status.VIOLATION:
+            grade = task.grade_trajectory(item, episode.trajectory)
+            row.status, row.quality = Status.OK, grade.quality
+            row.extracted, row.grader = grade.extracted, grade.grader
+        self.store.write_episode(episode.record(cell.cell_id, self.run_id))
+        self.store.write_row(row)
+        return CellResult(cell, item, row, episode.last_prompt, strategy.reference,
+                          violation=episode.violation)
+
+    def _episode_prompt(
+        self, strategy: Strategy, cell: Cell, context: StrategyContext,
+        trajectory: list[Message], tools: list[Tool],
+    ) -> tuple[list[Message], float, int]:
+        """One call's prompt: the strategy sees the trajectory so far (a private copy) and
+        a counter that counts the tools with every prompt."""
+        context.tools = tools
+        return self._prompt_of(
+            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget),
+            count=tools)
 
     def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
         """The strategy's own fields of the row; a strategy whose declarations cannot be
@@ -235,21 +294,37 @@ class Runner:
         self, strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
     ) -> tuple[list[Message], float, int]:
         """The strategy's prompt, the seconds it took, and the prompt's token count."""
+        return self._prompt_of(
+            strategy, cell, lambda: self._reset_and_apply(strategy, item, cell, context),
+            count=item.tools)
+
+    def _prompt_of(
+        self, strategy: Strategy, cell: Cell, work: Callable[[], object],
+        count: Sequence[Tool] | None,
+    ) -> tuple[list[Message], float, int]:
+        """Run the strategy's ``work`` within its timeout; when ``count`` is not None, its
+        output is the prompt, checked (messages, tool-call pairs) and counted with those
+        tools. Whatever fails on the way is the strategy's error, but for the endpoint's
+        or the counter's own failures."""
         started = time.perf_counter()
+        produced_by = f"strategy '{strategy.name}'"
         try:
-            output = self._within_timeout(
-                lambda: self._reset_and_apply(strategy, item, cell, context), strategy, cell
-            )
-            prompt = check_messages(output, f"strategy '{strategy.name}'")
+            output = self._within_timeout(work, strategy, cell)
+            if count is None:
+                return [], round(time.perf_counter() - started, 6), 0
+            prompt = check_messages(output, produced_by)
+            check_tool_pairs(prompt, produced_by)
             seconds = round(time.perf_counter() - started, 6)
             # Counting is the runner's, but what it counts is the strategy's: a prompt the
             # counter cannot read fails here, as the strategy's error.
-            counted = self.tokens.count_messages(prompt)
+            counted = self.tokens.count_messages(prompt, count)
         except (EndpointError, StrategyError, TokenizerError):
             raise  # the endpoint's or the counter's own failure, not the strategy's
         except BudgetExceeded as exc:
             raise StrategyError(f"strategy '{strategy.name}' made an auxiliary call over budget: "
                                 f"{exc}") from exc
+        except ValueError as exc:  # a broken tool-call pair: the message says it all
+            raise StrategyError(f"{exc} (cell {cell.cell_id})") from exc
         except Exception as exc:
             raise StrategyError(
                 f"strategy '{strategy.name}' failed on cell {cell.cell_id}: "
@@ -301,9 +376,10 @@ class Runner:
             raise failure[0]
         return outcome[0]
 
-    def _call(self, prompt: list[Message], timer: Timer | None) -> Completion:
+    def _call(self, prompt: list[Message], timer: Timer | None, tools: Sequence[Tool],
+              max_tokens: int) -> Completion:
         def call() -> Completion:
-            return self.chat.complete(prompt, max_tokens=self.settings.max_tokens)
+            return self.chat.complete(prompt, max_tokens=max_tokens, tools=tools or None)
 
         return timer(call) if timer is not None else call()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 
@@ -21,6 +21,8 @@ from pytest_budgetbench.errors import (
 from pytest_budgetbench.records import Status
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.session import SESSION_KEY
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from pytest_budgetbench.cells import GateSpec, GateVerdict
@@ -95,22 +97,26 @@ def benchmark_timer(request: pytest.FixtureRequest) -> ModelCallTimer | None:
 
 
 class ModelCallTimer:
-    """Times the one model call of a cell; a cell that makes none (a violation, a resumed
+    """Times the one model call of a cell, or an agent episode as a whole (its calls, tool
+    executions and strategy work); a cell that makes no call (a violation, a resumed
     cell) never asks for the benchmark fixture, which pytest-benchmark would warn about."""
 
     def __init__(self, request: pytest.FixtureRequest) -> None:
         self.request = request
         self.timed = False
 
-    def __call__(self, call: Callable[[], Any]) -> Any:
+    def __call__(self, work: Callable[[], T]) -> T:
         benchmark = self.request.getfixturevalue("benchmark")
         cell = self.request.param
         # One table per task and strategy@budget, not one ~200-column table of all cells.
         benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
-        completion = benchmark.pedantic(call, rounds=1, iterations=1)
-        benchmark.extra_info["output_tokens"] = completion.completion_tokens
+        from pytest_budgetbench.model import Completion
+
+        outcome = benchmark.pedantic(work, rounds=1, iterations=1)
+        if isinstance(outcome, Completion):
+            benchmark.extra_info["output_tokens"] = outcome.completion_tokens
         self.timed = True
-        return completion
+        return outcome
 
 
 def parametrize_sweep(metafunc: pytest.Metafunc, session: BudgetBenchSession) -> None:

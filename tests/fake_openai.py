@@ -35,9 +35,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from pytest_budgetbench.budget import ApproxCounter
-from pytest_budgetbench.messages import text_of
+from pytest_budgetbench.messages import text_of, tool_calls_of
 
-Responder = Callable[[list[dict[str, Any]]], str]
+Responder = Callable[[list[dict[str, Any]]], "str | dict[str, Any]"]
+"""The reply to a prompt: its text, or an assistant message's fields (``{"content": None,
+"tool_calls": [...]}``) for a reply that calls tools."""
 T = TypeVar("T")
 
 
@@ -74,6 +76,33 @@ def reading_responder(messages: list[dict[str, Any]]) -> str:
         found = found or re.findall(r"I live in (\w+)", history)
         return found[-1] if found else "unknown"
     return "unknown"
+
+
+def agent_responder(messages: list[dict[str, Any]]) -> str | dict[str, Any]:
+    """A scripted agent for the ``agent_lookup`` task that acts on what the prompt still
+    holds: it looks up the records in the order the request gives, going on after the
+    last call it can see, then answers the first record's code from the tool results it
+    can see ("unknown" when a strategy dropped or masked it). A summarising request (an
+    auxiliary call) gets the record lines it can see."""
+    visible = " ".join(text_of(m) for m in messages)
+    if "summar" in text_of(messages[-1]).lower():
+        return " ".join(re.findall(r"Record R\d+: code [A-Z]+\.", visible)) or "nothing"
+    request = next((text_of(m) for m in messages
+                    if m.get("role") == "user" and "lookup tool" in text_of(m)), "")
+    order = re.search(r"in this order: ([R\d, ]+)\.", request)
+    if order is None:
+        return "unknown"
+    keys = order.group(1).split(", ")
+    called = [json.loads(call["function"]["arguments"]).get("key")
+              for message in messages for call in tool_calls_of(message)]
+    position = keys.index(called[-1]) + 1 if called and called[-1] in keys else 0
+    if position < len(keys):
+        key = keys[position]
+        return {"content": None, "tool_calls": [{
+            "id": f"call_{position}_{key}", "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"key": key})}}]}
+    found = re.findall(rf"Record {keys[0]}: code ([A-Z]+)", visible)
+    return found[-1] if found else "unknown"
 
 
 class FakeOpenAI:
@@ -264,13 +293,14 @@ class FakeOpenAI:
 
             def _completion(self, payload: dict[str, Any]) -> bytes:
                 messages = payload["messages"]
-                text = fake.responder(messages)
-                prompt_tokens = ApproxCounter().count_messages(messages)
+                reply = fake.responder(messages)
+                message = ({"role": "assistant", **reply} if isinstance(reply, dict)
+                           else {"role": "assistant", "content": reply})
+                prompt_tokens = ApproxCounter().count_messages(messages, payload.get("tools"))
                 return json.dumps({
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
                     "model": fake.model,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
+                    "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
                               "total_tokens": prompt_tokens + 3},
                 }).encode()

@@ -182,7 +182,11 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
     schema_1_fields = set(json.loads(SCHEMA_1_LINE))
     # aux_failures joined schema 2 unbumped (issue 17): older rows read it as 0.
     schema_2_fields = schema_1_fields | {"gold", "aux_failures"}
-    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (2, schema_2_fields)
+    # Schema 3 (issue 25): an agent episode's fields, null on a single-call cell.
+    schema_3_fields = schema_2_fields | {
+        "calls", "ended", "call_tokens", "max_call_tokens", "p95_call_tokens",
+        "sum_call_tokens", "violated_call", "total_tokens", "prefix_reuse"}
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (3, schema_3_fields)
 
 
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:
@@ -245,8 +249,11 @@ def test_a_schema_1_row_file_reads_back_as_cell_rows(tmp_path: Path) -> None:
     assert (row.counted_tokens, row.quality, row.token_count_match) == (1911, 1.0, True)
     assert row.aux_calls[0]["purpose"] == "embed" and row.aux_input_tokens == 12
     assert row.strategy_info == {"chunks": 7} and row.time == 1735689600.125
-    # Nothing of a schema-1 row is lost or renamed; schema 2's gold reads as unknown.
-    assert row.record() == {**record, "gold": None, "aux_failures": 0}
+    # Nothing of a schema-1 row is lost or renamed; schema 2's gold reads as unknown, and
+    # schema 3's episode fields as null (a single-call cell).
+    episode = dict.fromkeys(set(ROW_FIELDS) - set(record) - {"gold", "aux_failures"})
+    assert set(episode) >= {"calls", "call_tokens", "prefix_reuse"}
+    assert row.record() == {**record, "gold": None, "aux_failures": 0, **episode}
 
 
 def test_an_older_row_without_optional_fields_takes_the_defaults() -> None:

@@ -36,6 +36,10 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "aux_input_tokens",
     "aux_output_tokens",
     "aux_s",
+    "calls",
+    "sum_call_tokens",
+    "total_tokens",
+    "prefix_reuse",
 )
 NO_CATEGORY = "(none)"
 REPORT_FIELDS: tuple[str, ...] = (

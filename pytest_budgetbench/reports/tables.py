@@ -205,6 +205,9 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "aux_output_tokens_mean",
     "cost_usd_total",
     "cost_usd_per_cell",
+    "calls_mean",
+    "total_tokens_mean",
+    "prefix_reuse_mean",
 )
 
 
@@ -272,6 +275,10 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
     data["aux_input_tokens"] = rows["aux_input_tokens"].where(ran)
     data["aux_output_tokens"] = rows["aux_output_tokens"].where(ran)
     data["cost"] = row_cost(rows, prices)
+    # An agent episode's calls and real cost; a violating episode made its earlier calls.
+    data["calls"] = rows["calls"].where(ran)
+    data["total_tokens"] = rows["total_tokens"].where(ran)
+    data["prefix_reuse"] = rows["prefix_reuse"].where(ok)
     grouped = data.groupby(keys, sort=True, observed=True)
     table = grouped.agg(
         n_cells=("is_ok", "size"),
@@ -286,6 +293,9 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
         aux_input_tokens_mean=("aux_input_tokens", "mean"),
         aux_output_tokens_mean=("aux_output_tokens", "mean"),
         cost_usd_total=("cost", lambda c: c.sum(min_count=1)),
+        calls_mean=("calls", "mean"),
+        total_tokens_mean=("total_tokens", "mean"),
+        prefix_reuse_mean=("prefix_reuse", "mean"),
     )
     for column in ("strategy_s", "model_s", "latency_s"):
         table[f"{column}_p50"] = grouped[column].quantile(0.5)
@@ -299,19 +309,19 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
 def row_cost(rows: pd.DataFrame, prices: PriceTable | None) -> pd.Series:
     """USD per row: the answered prompt and its completion, plus every auxiliary call.
 
-    A violating prompt was never sent, so it costs only its auxiliary calls. NaN when no
-    price applies, so a report without prices leaves the cost columns empty.
+    A violating prompt was never sent, so it costs only its auxiliary calls; an agent
+    episode costs every call it sent (a violating one, the calls before its violation).
+    NaN when no price applies, so a report without prices leaves the cost columns empty.
     """
     import pandas as pd
 
     price_in, price_out = _price_columns(rows, prices)
     ok = rows["status"] == ADMITTED
-    tokens_in = rows["counted_tokens"].where(ok, 0.0).fillna(0.0) + rows[
-        "aux_input_tokens"
-    ].fillna(0.0)
-    tokens_out = rows["output_tokens"].where(ok, 0.0).fillna(0.0) + rows[
-        "aux_output_tokens"
-    ].fillna(0.0)
+    episode = rows["calls"].notna()
+    sent_in = rows["sum_call_tokens"].where(episode, rows["counted_tokens"].where(ok, 0.0))
+    sent_out = rows["output_tokens"].where(episode | ok, 0.0)
+    tokens_in = sent_in.fillna(0.0) + rows["aux_input_tokens"].fillna(0.0)
+    tokens_out = sent_out.fillna(0.0) + rows["aux_output_tokens"].fillna(0.0)
     return pd.Series(
         (tokens_in * price_in + tokens_out * price_out) / 1e6, index=rows.index, dtype="float64"
     )

@@ -32,6 +32,7 @@ REGISTRY: Registry[Task] = Registry(
         "hotpotqa": "pytest_budgetbench.tasks.hotpotqa:HotpotQATask",
         "swe_verified": "pytest_budgetbench.tasks.swe_verified:SWEVerifiedTask",
         "needle": "pytest_budgetbench.tasks.needle:NeedleTask",
+        "agent_lookup": "pytest_budgetbench.tasks.agent_lookup:AgentLookupTask",
         "tau2_retail": "pytest_budgetbench.tasks.tau2_retail:Tau2RetailTask",
         "image_probe": "pytest_budgetbench.tasks.image_probe:ImageProbeTask",
         "jsonl": "pytest_budgetbench.tasks.jsonl:JsonlTask",

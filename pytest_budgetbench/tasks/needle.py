@@ -74,6 +74,12 @@ _FILLER_TAILS = (
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
+def filler_sentence(rng: random.Random) -> str:
+    """One sentence of generated haystack, drawn with ``rng``."""
+    return " ".join((rng.choice(_FILLER_SUBJECTS), rng.choice(_FILLER_VERBS),
+                     rng.choice(_FILLER_OBJECTS), rng.choice(_FILLER_TAILS)))
+
+
 def string_match_all(prediction: str, golds: list[str]) -> float:
     """RULER's string_match_all: the share of gold strings in the reply (case-insensitive)."""
     said = (prediction or "").lower()
@@ -124,8 +130,7 @@ class NeedleTask(Task):
                 sentence = sentences[position % len(sentences)]
                 position += 1
             else:
-                sentence = " ".join((rng.choice(_FILLER_SUBJECTS), rng.choice(_FILLER_VERBS),
-                                     rng.choice(_FILLER_OBJECTS), rng.choice(_FILLER_TAILS)))
+                sentence = filler_sentence(rng)
             taken.append(sentence)
             used += len(sentence) + 1
         return taken

@@ -1,0 +1,181 @@
+"""Agent episodes: the runner loops call by call, enforces the budget on every call, and
+records one row and one trajectory per episode cell."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_budgetbench.episode import percentile, prompt_entries, shared_prefix
+from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.messages import check_tool_pairs
+from pytest_budgetbench.regrade import regrade_run
+from pytest_budgetbench.tasks import TaskOptions
+from pytest_budgetbench.tasks.agent_lookup import AgentLookupTask
+from tests.fake_openai import FakeOpenAI, agent_responder
+from tests.test_plugin import rows_of, sweep_args
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def agent() -> Iterator[FakeOpenAI]:
+    fake = FakeOpenAI(responder=agent_responder).start()
+    yield fake
+    fake.stop()
+
+
+def episodes_of(tmp: Path) -> dict[str, dict]:
+    (path,) = (tmp / "out").glob("*/episodes.jsonl")
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return {record["cell_id"]: record for record in records}
+
+
+def lookup_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
+    return sweep_args(fake, tmp, "--budgetbench-tasks=agent_lookup", "--budgetbench-items=2",
+                      "--budgetbench-task-options=lookups=4", "--budgetbench-memory-history=1200",
+                      *extra)
+
+
+def test_an_episode_is_one_row_with_every_call_counted_and_its_trajectory_kept(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192",
+                                             "--budgetbench-strategies=full_context"))
+    result.assert_outcomes(passed=2)
+    rows = rows_of(tmp_path)
+    assert len(rows) == 2
+    episodes = episodes_of(tmp_path)
+    for row in rows:
+        # 4 lookups and the answer: five calls, each prompt longer than the last.
+        assert row["calls"] == 5 and row["ended"] == "done"
+        assert row["quality"] == 1.0 and row["status"] == "ok"
+        tokens = row["call_tokens"]
+        assert tokens == sorted(tokens) and len(set(tokens)) == 5
+        assert row["counted_tokens"] == row["max_call_tokens"] == tokens[-1]
+        assert row["sum_call_tokens"] == sum(tokens)
+        assert row["token_count_match"] is True  # the fake counts as approx does
+        assert row["violated_call"] is None
+        episode = episodes[row["cell_id"]]
+        trajectory = episode["trajectory"]
+        check_tool_pairs(trajectory, "the recorded trajectory")
+        assert [m["role"] for m in trajectory] == ["user"] + ["assistant", "tool"] * 4 + [
+            "assistant"]
+        assert trajectory[1]["content"] is None and trajectory[1]["tool_calls"]
+        # full_context sends the trajectory as it is: every call's prompt is references.
+        for call in episode["calls"]:
+            assert call["prompt"] == [{"t": i} for i in range(call["seen"])]
+    assert len(agent.requests) == 10
+
+
+def test_a_call_over_budget_ends_the_episode_and_the_row_names_it(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=700",
+                                             "--budgetbench-strategies=full_context"))
+    rows = rows_of(tmp_path)
+    assert {row["status"] for row in rows} == {"violation"}
+    for row in rows:
+        assert row["ended"] == "violation"
+        assert 1 < row["violated_call"] == row["calls"]
+        assert row["call_tokens"][-1] > 700 >= max(row["call_tokens"][:-1])
+        assert f"(call {row['violated_call']})" in row["error"]
+    # The calls before the violation were sent; the violating one never was.
+    assert len(agent.requests) == sum(row["calls"] - 1 for row in rows)
+    result.assert_outcomes(xfailed=2)
+
+
+def test_strategies_change_outcomes_in_an_episode(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    """truncation keeps the newest messages: the first record's result is gone by the
+    answer, so the scripted agent cannot answer; full_context can."""
+    pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192,900"))
+    quality = {(row["strategy"], row["budget"]): row["quality"] for row in rows_of(tmp_path)
+               if row["status"] == "ok"}
+    assert quality[("full_context", 8192)] == 1.0
+    assert quality.get(("truncation", 900), 0.0) == 0.0
+
+
+def test_prompt_entries_name_trajectory_messages_and_keep_made_ones() -> None:
+    trajectory = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                  {"role": "user", "content": "a"}]
+    summary = {"role": "user", "content": "summary"}
+    assert prompt_entries([trajectory[0], summary, trajectory[2]], trajectory) == [
+        {"t": 0}, {"m": summary}, {"t": 2}]
+    # An identical message later in the prompt refers to the later one.
+    assert prompt_entries([trajectory[2]], trajectory) == [{"t": 0}]
+
+
+def test_shared_prefix_and_percentile() -> None:
+    assert shared_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert shared_prefix([], [1]) == 0
+    assert percentile(list(range(1, 21)), 0.95) == 19
+    assert percentile([5], 0.95) == 5
+
+
+def test_the_lookup_task_is_deterministic_and_its_answer_sits_in_the_first_result() -> None:
+    task = AgentLookupTask(TaskOptions(seed=3, items=2, extra={"lookups": 3}))
+    first, again = task.load(), task.load()
+    assert first == again
+    item = first[0]
+    key = item.meta["keys"][0]
+    assert f"Record {key}: code {item.answer}." in item.meta["files"][key]
+
+
+def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(
+    agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    """SIGKILL during the second episode's calls; the resume reruns that episode from its
+    start, its sent calls answered by the response cache, and ends with one row a cell."""
+    agent.latency_s = 0.05
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+               *lookup_args(agent, tmp_path, "--budgets=8192",
+                            "--budgetbench-strategies=full_context")]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(agent.requests) < 7:
+            time.sleep(0.005)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    sent_before = len(agent.requests)
+    assert 7 <= sent_before < 10, "killed outside the second episode"
+    assert len(rows_of(tmp_path)) == 1
+    done = subprocess.run([*command, "--budgetbench-resume=latest"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+    rows = rows_of(tmp_path)
+    assert sorted(row["cell_id"] for row in rows) == sorted(
+        {row["cell_id"] for row in rows}) and len(rows) == 2
+    assert all(row["calls"] == 5 and row["quality"] == 1.0 for row in rows)
+    # Two episodes of five calls: those sent before the kill were not sent again.
+    assert len(agent.requests) == 10
+    assert set(episodes_of(tmp_path)) == {row["cell_id"] for row in rows}
+
+
+def test_regrade_grades_an_episode_from_its_recorded_trajectory_without_a_model_call(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192",
+                                    "--budgetbench-strategies=full_context"))
+    sent = len(agent.requests)
+    (run_dir,) = (tmp_path / "out").glob("*/")
+    result = regrade_run(run_dir)
+    assert result.regraded == 2 and len(agent.requests) == sent
+    regraded = [json.loads(line) for line in (result.out_dir / "cells.jsonl").read_text().splitlines()]
+    assert [row["quality"] for row in regraded] == [1.0, 1.0]
+    assert (result.out_dir / "episodes.jsonl").read_bytes() == (run_dir / "episodes.jsonl").read_bytes()
+    # Without its trajectory an episode cannot be graded: one line says so.
+    (run_dir / "episodes.jsonl").unlink()
+    with pytest.raises(DataError, match=r"has no trajectory in episodes\.jsonl"):
+        regrade_run(run_dir, tmp_path / "again")
