@@ -139,11 +139,24 @@ def require(module: str, extra: str, purpose: str) -> object:
 
 class Requirement(NamedTuple):
     """An optional package that a strategy, task or feature imports: its top-level import
-    name, the extra that installs it, and its pip name where that differs."""
+    name, the extra that installs it, and its pip name where that differs.
+
+    ``install`` is the command that installs the package when its extra cannot (a package
+    whose declared dependencies would break this project's stack, installed with
+    ``--no-deps`` after the extra that brings the few it needs); the line that reports it
+    missing names the extra, then this command."""
 
     module: str
     extra: str
     package: str = ""
+    install: str = ""
+
+    @staticmethod
+    def hint(found: Iterable[Requirement]) -> str:
+        """What to run after the extras, for these missing requirements: "" when their
+        extras install them."""
+        installs = dict.fromkeys(r.install for r in found if r.install)
+        return "then " + ", then ".join(installs) if installs else ""
 
 
 def first_missing(requirements: Iterable[Requirement]) -> Requirement | None:
@@ -161,4 +174,5 @@ def check_installed(requirements: Iterable[Requirement], purpose: str, hint: str
     """Raise MissingDependency naming the first requirement that is not installed."""
     missing = first_missing(requirements)
     if missing is not None:
+        hint = ", ".join(filter(None, [Requirement.hint([missing]), hint]))
         raise MissingDependency(missing.package or missing.module, missing.extra, purpose, hint)

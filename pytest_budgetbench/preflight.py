@@ -120,13 +120,15 @@ def check_extras(
         if value is not None:
             needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
     missing: dict[str, tuple[str, str, str]] = {}  # the first need of each extra
+    found_all: list[Requirement] = []
     for purpose, requirements in needs:
         found = first_missing(requirements)
         if found is not None:
             missing.setdefault(found.extra, (found.package or found.module, found.extra, purpose))
+            found_all.append(found)
     if missing:
         first, *also = missing.values()
-        raise MissingDependency(*first, also=also)
+        raise MissingDependency(*first, hint=Requirement.hint(found_all), also=also)
 
 
 _TOKENIZER_NEEDS = {"hf": (Requirement("transformers", "hf"),),

@@ -47,6 +47,11 @@ def _args(fake: FakeOpenAI | None, out: Path, *extra: str) -> list[str]:
     (["--budgetbench-strategies=budgetmem@0.1"], "torch", "*budgetmem@0.1*[budgetmem]'"),
     (["--budgetbench-tasks=locomo"], "nltk",
      "task 'locomo' needs the 'nltk' package: pip install 'pytest-budgetbench[locomo]'"),
+    (["--budgetbench-tasks=bfcl_multi_turn_base"], "bfcl_eval",
+     "task 'bfcl_multi_turn_base' needs the 'bfcl-eval' package: pip install "
+     "'pytest-budgetbench[bfcl]', then pip install --no-deps bfcl-eval==2026.3.23"),
+    (["--budgetbench-tasks=bfcl_multi_turn_long_context"], "tree_sitter",
+     "*'tree-sitter' package: pip install 'pytest-budgetbench[bfcl]'"),
     (["--budgetbench-tokenizer=hf:/some/tokenizer.json"], "transformers", "*[hf]'"),
     (["--budgetbench-tokenizer=gguf:/some/model.gguf"], "llama_cpp",
      "*'llama-cpp-python'*[local]'"),
@@ -124,6 +129,12 @@ def test_check_installed_names_the_pip_name_and_imports_nothing(
                         "the mem0 strategy")
     assert str(raised.value) == ("the mem0 strategy needs the 'mem0ai' package: "
                                  "pip install 'pytest-budgetbench[mem0]'")
+    with pytest.raises(MissingDependency) as raised:
+        check_installed([Requirement("mem0", "mem0", "mem0ai", "pip install --no-deps mem0ai")],
+                        "the mem0 strategy", "then retry")
+    assert str(raised.value) == ("the mem0 strategy needs the 'mem0ai' package: "
+                                 "pip install 'pytest-budgetbench[mem0]', then pip install "
+                                 "--no-deps mem0ai, then retry")
 
 
 # -- without the reports extra -------------------------------------------------------------

@@ -1,0 +1,342 @@
+"""``bfcl_multi_turn_*``: BFCL v4 multi-turn, run and graded by the ``bfcl-eval`` package.
+
+The Berkeley Function Calling Leaderboard's multi-turn categories (``multi_turn_base``,
+``multi_turn_long_context``, ``multi_turn_miss_func``, ``multi_turn_miss_param``; 200 entries
+each) are episodes: a user asks, over several turns, for work done through stateful
+backends (a file system, a trading bot, a travel agency, ...); the model calls their
+functions as OpenAI tool calls, step by step. Everything bfcl defines is imported from
+``bfcl-eval`` (``BFCL_VERSION``), never copied: the entries and ground truth
+(``bfcl_eval.utils``), the tool schemas (``convert_to_tool``), the decoding of a step
+(``convert_to_function_call``), the backends and their execution
+(``execute_multi_turn_func_call``), the step limit, the held-out-function prompt, and the
+checker (``multi_turn_checker``).
+
+The episode is bfcl's FC protocol (``BaseHandler.inference_multi_turn_FC`` with the OpenAI
+completions handler): no system prompt; the tools are the entry's functions; each turn
+appends its user message, then the model takes steps. A step whose reply makes no call, or
+whose calls do not decode, ends the turn; otherwise every call is executed and answered by
+one ``tool`` message (the backend's result, the call's id). A turn of more than
+``MAXIMUM_STEP_LIMIT`` (20) steps is force-quit: the episode ends. A ``miss_func`` holdout
+turn adds the held-out functions to the tools and sends bfcl's "I have updated some more
+functions" message.
+
+Grader ``bfcl-multi-turn/<BFCL_VERSION>``: eval_runner's ``_evaluate_single_multi_turn_entry``
+on the trajectory alone. Turns are the user messages; each turn's steps are its assistant
+messages, decoded as at inference (empty or failed decodes are skipped); a turn count
+other than the ground truth's is bfcl's ``multi_turn:force_terminated``; otherwise
+``multi_turn_checker`` replays the model's calls and the ground truth's on fresh backends
+and compares states and results turn by turn. Quality is 1 or 0; ``Grade.detail`` has
+bfcl's ``error_type`` and ``error_message``.
+
+Two departures from bfcl, neither reached by a well-formed episode:
+
+- bfcl ``eval()``s each call's text. A call that is not to a backend method and that eval
+  would not simply reject by name (a builtin such as ``open``, a name of bfcl's executor,
+  a name that is not an identifier), or that has an argument name that is not an
+  identifier, is replaced by a call to ``REFUSED_CALL``, which fails as an unknown function
+  does in bfcl (``Error during execution: name ... is not defined``), in the episode and
+  in grading alike.
+- A step whose calls do not decode ends the turn, as in bfcl; bfcl then sends the next
+  turn with those calls unanswered, which the chat API rejects, so each is answered here
+  by a ``tool`` message saying it could not be decoded (grading ignores tool messages).
+
+Backends are module globals of ``multi_turn_utils``, keyed by a model name and the entry
+id: each episode and each grading uses a name of its own and deletes its globals when done,
+so no two share state. bfcl-eval is installed without its dependencies (its metadata pins
+numpy 1.26 and ~30 provider SDKs; the multi-turn path imports none of them): the ``bfcl``
+extra brings the few it imports, then ``BFCL_INSTALL``. Its import makes ``result/``,
+``score/`` and ``.file_locks/`` under ``$BFCL_PROJECT_ROOT``, set here to the user's cache
+(``$XDG_CACHE_HOME/pytest-budgetbench/bfcl``) unless it is set already.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import functools
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
+from pytest_budgetbench.messages import Message, Tool, tool_calls_of
+from pytest_budgetbench.tasks.base import Environment, EpisodicTask, Grade, Item
+
+BFCL_VERSION = "2026.3.23"
+BFCL_INSTALL = f"pip install --no-deps bfcl-eval=={BFCL_VERSION}"
+REQUIRES = (
+    Requirement("bfcl_eval", "bfcl", "bfcl-eval", BFCL_INSTALL),
+    Requirement("tree_sitter", "bfcl", "tree-sitter"),
+    Requirement("tree_sitter_java", "bfcl", "tree-sitter-java"),
+    Requirement("tree_sitter_javascript", "bfcl", "tree-sitter-javascript"),
+    Requirement("mpmath", "bfcl"),
+    Requirement("tenacity", "bfcl"),
+    Requirement("filelock", "bfcl"),
+)
+"""What the multi-turn path imports (measured: nothing else outside the standard library)."""
+
+REFUSED_CALL = "budgetbench_refused_unsafe_call"
+"""The call that stands in for one bfcl must not eval(); eval reports it not defined."""
+
+UNDECODED = "Error: the tool calls of this reply could not be decoded, so none was executed."
+"""The tool result that answers each call of a step that did not decode."""
+
+
+@functools.cache
+def bfcl() -> SimpleNamespace:
+    """The pieces of bfcl-eval the task uses, imported once (about 0.15 s)."""
+    check_installed(REQUIRES, "the BFCL multi-turn tasks")
+    installed = metadata.version("bfcl-eval")
+    if installed != BFCL_VERSION:
+        raise ConfigError(
+            f"the BFCL tasks grade with bfcl-eval {BFCL_VERSION} (installed: {installed}): "
+            f"{BFCL_INSTALL}"
+        )
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(cache) / "pytest-budgetbench" / "bfcl"))
+    from bfcl_eval import utils
+    from bfcl_eval.constants import default_prompts, enums, type_mappings
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker, multi_turn_utils
+    from bfcl_eval.model_handler import utils as handler_utils
+
+    execute = multi_turn_utils.execute_multi_turn_func_call
+    return SimpleNamespace(
+        load_dataset_entry=utils.load_dataset_entry,
+        load_ground_truth_entry=utils.load_ground_truth_entry,
+        convert_to_tool=handler_utils.convert_to_tool,
+        convert_to_function_call=handler_utils.convert_to_function_call,
+        gorilla_to_openapi=type_mappings.GORILLA_TO_OPENAPI,
+        openai_style=enums.ModelStyle.OPENAI_COMPLETIONS,
+        max_steps=default_prompts.MAXIMUM_STEP_LIMIT,
+        more_functions=default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC,
+        class_modules=CLASS_FILE_PATH_MAPPING,
+        execute=execute,
+        is_empty=multi_turn_utils.is_empty_execute_response,
+        checker=multi_turn_checker.multi_turn_checker,
+        backend_globals=vars(multi_turn_utils),
+        # What eval() in the executor would reach by name, besides a backend's methods.
+        reachable=frozenset(dir(builtins)) | frozenset(vars(multi_turn_utils))
+        | frozenset(execute.__code__.co_varnames),
+    )
+
+
+def openai_tools(functions: list[dict[str, Any]]) -> list[Tool]:
+    """bfcl's function docs as the OpenAI completions handler sends them."""
+    b = bfcl()
+    tools: list[Tool] = b.convert_to_tool(functions, b.gorilla_to_openapi, b.openai_style)
+    return tools
+
+
+@functools.cache
+def backend_methods(classes: tuple[str, ...]) -> frozenset[str]:
+    """The names the executor maps to the backends' methods (their public methods)."""
+    import importlib
+    import inspect
+
+    names: set[str] = set()
+    for class_name in classes:
+        cls = getattr(importlib.import_module(bfcl().class_modules[class_name]), class_name)
+        names |= {name for name, _ in inspect.getmembers(cls(), predicate=inspect.ismethod)
+                  if not name.startswith("_")}
+    return frozenset(names)
+
+
+def decode_step(message: Message, methods: frozenset[str]) -> list[str] | None:
+    """The step's calls as bfcl's FC decoder gives them (``name(key=value, ...)`` texts),
+    unsafe ones replaced by :data:`REFUSED_CALL`; None when bfcl's decoder fails or finds
+    no call (the turn ends; grading skips the step)."""
+    b = bfcl()
+    calls = tool_calls_of(message)
+    if not calls:
+        # The OpenAI handler decodes the reply's text then, and a text never decodes
+        # (a character has no .items()) or decodes to nothing (an empty text).
+        return None
+    try:
+        decoded: list[str] = b.convert_to_function_call(
+            [{call["function"]["name"]: call["function"]["arguments"]} for call in calls])
+    except Exception:  # bfcl ends the turn on any decoding error
+        return None
+    if b.is_empty(decoded):
+        return None
+    return [REFUSED_CALL + "()" if _unsafe(call, methods, b.reachable) else text
+            for call, text in zip(calls, decoded, strict=True)]
+
+
+def _unsafe(call: dict[str, Any], methods: frozenset[str], reachable: frozenset[str]) -> bool:
+    """Whether eval() of the decoded call could run something other than a backend method
+    or fail on an unknown name."""
+    name = call["function"]["name"]
+    arguments = json.loads(call["function"]["arguments"])  # it decoded, so it parses
+    if not all(key.isidentifier() for key in arguments):
+        return True
+    if name in methods:
+        return False
+    return not name.isidentifier() or name in reachable
+
+
+def forget(model_name: str) -> None:
+    """Delete the backends bfcl keeps in its module globals for ``model_name``."""
+    backends = bfcl().backend_globals
+    for key in [k for k in backends if k.startswith(model_name + "_")]:
+        del backends[key]
+
+
+def fresh_model_name() -> str:
+    """A model name no other episode or grading uses (so no backend is shared)."""
+    return f"budgetbench_{uuid.uuid4().hex}"
+
+
+class BFCLEpisode(Environment):
+    """One live BFCL multi-turn entry, as bfcl's FC inference runs it."""
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        self._entry = copy.deepcopy(entry)
+        self._functions: list[dict[str, Any]] = list(self._entry["function"])
+        self.tools = openai_tools(self._functions)
+        self._methods = backend_methods(tuple(self._entry["involved_classes"]))
+        self._model = fresh_model_name()
+        self._turn = 0
+        self._steps = 0
+
+    def start(self) -> list[Message]:
+        self._execute([])  # bfcl makes the backends before the first query
+        return self._turn_messages(0)
+
+    def respond(self, reply: Message) -> list[Message] | None:
+        calls = tool_calls_of(reply)
+        decoded = decode_step(reply, self._methods)
+        if decoded is None:
+            undecoded = [{"role": "tool", "content": UNDECODED, "tool_call_id": call["id"]}
+                         for call in calls]
+            following = self._next_turn()
+            return None if following is None else undecoded + following
+        results = self._execute(decoded)
+        self._steps += 1
+        if self._steps > bfcl().max_steps:
+            return None  # bfcl force-quits: the whole entry fails
+        return [{"role": "tool", "content": result, "tool_call_id": call["id"]}
+                for result, call in zip(results, calls, strict=True)]
+
+    def close(self) -> None:
+        forget(self._model)
+
+    def _next_turn(self) -> list[Message] | None:
+        self._turn += 1
+        self._steps = 0
+        if self._turn >= len(self._entry["question"]):
+            return None
+        return self._turn_messages(self._turn)
+
+    def _turn_messages(self, turn: int) -> list[Message]:
+        held_out = self._entry.get("missed_function", {}).get(str(turn))
+        if held_out is None:
+            return [dict(message) for message in self._entry["question"][turn]]
+        self._functions.extend(held_out)
+        self.tools = openai_tools(self._functions)
+        return [{"role": "user", "content": bfcl().more_functions}]
+
+    def _execute(self, calls: list[str]) -> list[str]:
+        entry = self._entry
+        results, _ = bfcl().execute(
+            calls, entry.get("initial_config", {}), entry["involved_classes"], self._model,
+            entry["id"], long_context=_long_context(entry["id"]), is_evaL_run=False)
+        return list(results)
+
+
+def _long_context(entry_id: str) -> bool:
+    """bfcl's rule: long-context backends for these categories."""
+    category = entry_id.rsplit("_", 1)[0]
+    return "long_context" in category or "composite" in category
+
+
+def turns_of(trajectory: Sequence[Message]) -> list[list[Message]]:
+    """The model's steps (its assistant messages), by turn; each user message opens one."""
+    turns: list[list[Message]] = []
+    for message in trajectory:
+        if message.get("role") == "user":
+            turns.append([])
+        elif message.get("role") == "assistant" and turns:
+            turns[-1].append(message)
+    return turns
+
+
+class BFCLMultiTurnTask(EpisodicTask):
+    """A BFCL v4 multi-turn category; subclasses name it."""
+
+    bfcl_category: ClassVar[str] = ""
+    grader_version = f"bfcl-multi-turn/{BFCL_VERSION}"
+    requires = REQUIRES
+
+    def load(self) -> list[Item]:
+        b = bfcl()
+        entries = b.load_dataset_entry(self.bfcl_category)
+        truths = {truth["id"]: truth["ground_truth"]
+                  for truth in b.load_ground_truth_entry(self.bfcl_category)}
+        return [self._item(entry, truths[entry["id"]]) for entry in entries]
+
+    def _item(self, entry: dict[str, Any], truth: list[list[str]]) -> Item:
+        return Item(
+            item_id=str(entry["id"]),
+            messages=tuple(dict(message) for message in entry["question"][0]),
+            answer=truth,
+            category="+".join(entry["involved_classes"]),
+            meta={"entry": entry, "turns": len(entry["question"])},
+            tools=tuple(openai_tools(entry["function"])),
+        )
+
+    def environment(self, item: Item) -> Environment:
+        return BFCLEpisode(item.meta["entry"])
+
+    def grade_trajectory(self, item: Item, trajectory: Sequence[Message]) -> Grade:
+        entry: dict[str, Any] = item.meta["entry"]
+        truth: list[list[str]] = item.answer
+        turns = turns_of(trajectory)
+        if len(turns) != len(truth):
+            return self._invalid("", "multi_turn:force_terminated", (
+                "Model was force-terminated during inference phase. The length of the model "
+                f"result turns ({len(turns)}) does not match the length of the ground truth "
+                f"turns ({len(truth)})."))
+        methods = backend_methods(tuple(entry["involved_classes"]))
+        decoded = [[calls for step in turn if (calls := decode_step(step, methods)) is not None]
+                   for turn in turns]
+        extracted = json.dumps(decoded, ensure_ascii=False)
+        model = fresh_model_name()
+        try:
+            result = bfcl().checker(decoded, truth, copy.deepcopy(entry),
+                                    entry["id"].rsplit("_", 1)[0], model)
+        finally:
+            forget(model)
+        if result["valid"]:
+            return Grade(1.0, extracted, self.grader_id, {})
+        return self._invalid(extracted, str(result.get("error_type")),
+                             str(result.get("error_message")))
+
+    def _invalid(self, extracted: str, error_type: str, message: str) -> Grade:
+        return Grade(0.0, extracted, self.grader_id,
+                     {"error_type": error_type, "error_message": message})
+
+
+class BFCLMultiTurnBase(BFCLMultiTurnTask):
+    name = "bfcl_multi_turn_base"
+    bfcl_category = "multi_turn_base"
+
+
+class BFCLMultiTurnLongContext(BFCLMultiTurnTask):
+    name = "bfcl_multi_turn_long_context"
+    bfcl_category = "multi_turn_long_context"
+
+
+class BFCLMultiTurnMissFunc(BFCLMultiTurnTask):
+    name = "bfcl_multi_turn_miss_func"
+    bfcl_category = "multi_turn_miss_func"
+
+
+class BFCLMultiTurnMissParam(BFCLMultiTurnTask):
+    name = "bfcl_multi_turn_miss_param"
+    bfcl_category = "multi_turn_miss_param"
