@@ -290,7 +290,9 @@ def add_import_chats_command(
         description="Read an OpenAI-style transcript export (a JSON list of chats with "
         "'messages' and 'id', or JSON lines) and a questions file (chat_id, question, answer, "
         "optional category, id, rubric), and write one jsonl-task record per question: the "
-        "chat as history, then the question. Tool calls and results become text. The output "
+        "chat as history, then the question. Tool calls stay calls, tool results stay 'tool' "
+        "messages and the chat's 'tools' are kept (the legacy function_call format is "
+        "converted to them); --flatten-tools turns them into text instead. The output "
         "is checked as a sweep reads it. --write-example DIR writes a generated export and "
         "questions file to try it on.",
     )
@@ -300,6 +302,10 @@ def add_import_chats_command(
                         help="the questions file (JSON or JSON lines)")
     parser.add_argument("--out", type=Path, metavar="FILE", default=Path("chats.jsonl"),
                         help="the records to write (default: chats.jsonl)")
+    parser.add_argument("--flatten-tools", action="store_true",
+                        help="write tool calls and results as text ('[tool call] "
+                        "name(arguments)', '[tool result NAME] ...') and drop the tools, for "
+                        "an endpoint that refuses tool messages")
     parser.add_argument("--write-example", type=Path, metavar="DIR",
                         help="write DIR/export.json and DIR/questions.jsonl, and stop")
     parser.set_defaults(handler=run_import_chats)
@@ -316,7 +322,8 @@ def run_import_chats(args: argparse.Namespace) -> int:
     if args.export is None or args.questions is None:
         return _usage("import-chats needs EXPORT and QUESTIONS (or --write-example DIR)")
     try:
-        count = import_chats(args.export, args.questions, args.out)
+        count = import_chats(args.export, args.questions, args.out,
+                             flatten_tools=args.flatten_tools)
     except BudgetBenchError as exc:
         return _usage(str(exc))
     print(f"budgetbench: wrote {count} records to {args.out}")

@@ -96,6 +96,27 @@ def _check_calls(message: Message, index: int, produced_by: str) -> None:
             )
 
 
+def check_tools(value: object, produced_by: str) -> list[Tool]:
+    """Return ``value`` as a tool list, or raise TypeError naming who produced it: a list
+    of ``{"type": "function", "function": {"name": str, ...}}`` as the chat API takes it."""
+    if not isinstance(value, list):
+        raise TypeError(
+            f"{produced_by} must be a list of tools (got {value!r:.80} that is a "
+            f"{type(value).__name__})"
+        )
+    for index, tool in enumerate(value):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (not isinstance(tool, dict) or tool.get("type") != "function"
+                or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str) or not function["name"]):
+            raise TypeError(
+                f"{produced_by} has tool {index} that is not {{'type': 'function', "
+                f"'function': {{'name': str, 'description': ..., 'parameters': {{JSON "
+                f"schema}}}}}} (got {tool!r:.80})"
+            )
+    return value
+
+
 def tool_calls_of(message: Message) -> list[dict[str, Any]]:
     """The tool calls a message makes (none for any message but an assistant's)."""
     calls = message.get("tool_calls")

@@ -176,7 +176,7 @@ _REQUIRED: tuple[str, ...] = tuple(
 
 CELLS_FILE = "cells.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
-EPISODES_FILE = "episodes.jsonl"
+EPISODES_FILE = "episodes.jsonl"  # an episode cell's trajectory and its calls, one record a cell
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write

@@ -23,7 +23,9 @@ def _load(path: Path) -> list:
     return JsonlTask(TaskOptions(data_path=path, extra=defaults)).load()
 
 
-def test_the_example_imports_into_records_with_tool_traffic_as_text(tmp_path: Path) -> None:
+def test_the_example_imports_with_tool_calls_kept_as_calls_and_its_tools(
+    tmp_path: Path,
+) -> None:
     export, questions = write_example(tmp_path)
     assert import_chats(export, questions, tmp_path / "chats.jsonl") == 4
     items = _load(tmp_path / "chats.jsonl")
@@ -31,12 +33,84 @@ def test_the_example_imports_into_records_with_tool_traffic_as_text(tmp_path: Pa
                                                 "conv-3-q0"]
     first = items[0]
     assert first.answer == ("Falcon0",) and first.category == "hardware"
-    roles = [m["role"] for m in first.messages]
-    assert "tool" not in roles and roles[-1] == "user"
+    assert [m["role"] for m in first.messages][-1] == "user"
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "lookup_ticket", "arguments": '{"n": 0}'}}
+    at = next(i for i, m in enumerate(first.messages) if m.get("tool_calls"))
+    assert first.messages[at] == {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert first.messages[at + 1] == {"role": "tool", "content": "ticket 0: open",
+                                      "tool_call_id": "call_0"}
+    assert "[tool call]" not in json.dumps(first.messages)
+    assert first.tools == (fx.LOOKUP_TICKET,)
+
+
+def test_flatten_tools_writes_tool_traffic_as_text_and_drops_the_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    export, questions = write_example(tmp_path)
+    out = tmp_path / "flat.jsonl"
+    assert main(["import-chats", str(export), str(questions), "--out", str(out),
+                 "--flatten-tools"]) == EXIT_OK, capsys.readouterr().err
+    first = _load(out)[0]
+    assert "tool" not in [m["role"] for m in first.messages] and first.tools == ()
     texts = [m["content"] for m in first.messages]
     assert '[tool call] lookup_ticket({"n": 0})' in texts
     assert "[tool result call_0] ticket 0: open" in texts
     assert all(isinstance(t, str) and t for t in texts)  # the content-less call is text now
+    assert "tools" not in json.loads(out.read_text().splitlines()[0])
+
+
+def test_the_legacy_function_call_format_becomes_tool_calls_with_ids(tmp_path: Path) -> None:
+    lookup = {"name": "lookup_pet", "parameters": {"type": "object", "properties": {}}}
+    export = fx.write_json(tmp_path / "export.json", [{"id": "a", "functions": [lookup],
+                                                       "messages": [
+        {"role": "user", "content": "Which pet do I have?"},
+        {"role": "assistant", "content": None,
+         "function_call": {"name": "lookup_pet", "arguments": {"owner": "me"}}},
+        {"role": "function", "name": "lookup_pet", "content": "a dog called Rex"},
+        {"role": "assistant", "content": "A dog called Rex."}]}])
+    questions = fx.write_jsonl(tmp_path / "q.jsonl", [
+        {"chat_id": "a", "question": "What is my dog called?", "answer": "Rex"}])
+    import_chats(export, questions, tmp_path / "o.jsonl")
+    (item,) = _load(tmp_path / "o.jsonl")
+    assert item.messages[1:3] == (
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "fn_1", "type": "function",
+             "function": {"name": "lookup_pet", "arguments": '{"owner": "me"}'}}]},
+        {"role": "tool", "content": "a dog called Rex", "tool_call_id": "fn_1",
+         "name": "lookup_pet"})
+    assert item.tools == ({"type": "function", "function": lookup},)
+
+
+@pytest.mark.parametrize(("messages", "tools", "expected"), [
+    ([{"role": "user", "content": "Pet?"},
+      {"role": "assistant", "content": None, "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+     None, "the chat broke a tool-call pair: call 'c1' (f) at message 1 has no tool result "
+           "before the prompt ends"),
+    ([{"role": "user", "content": "Pet?"}, {"role": "tool", "content": "dog"}], None,
+     "the chat returned tool message 1 without a string 'tool_call_id' (got None); or pass "
+     "--flatten-tools to import tool calls and results as text"),
+    ([{"role": "user", "content": "Pet?"}, {"role": "function", "content": "dog"}], None,
+     "the chat returned tool message 1 without a string 'tool_call_id'"),
+    ([{"role": "user", "content": "Pet?"}], [{"name": "f"}],
+     "the chat's 'tools' has tool 0 that is not {'type': 'function'"),
+], ids=["call-unanswered", "result-without-id", "legacy-result-without-call", "bad-tools"])
+def test_tool_traffic_that_does_not_pair_up_is_one_line_naming_the_chat(
+    tmp_path: Path, messages: list, tools: list | None, expected: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    export = fx.write_json(tmp_path / "export.json", [
+        {"id": "a", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "b", "messages": messages, **({"tools": tools} if tools else {})}])
+    questions = fx.write_jsonl(tmp_path / "q.jsonl", [
+        {"chat_id": "b", "question": "What is my pet?", "answer": "dog"}])
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path / "o.jsonl")]) == EXIT_USAGE
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"import-chats: {export} record 1: {expected}" in line
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path / "o.jsonl"), "--flatten-tools"]) == EXIT_OK
 
 
 def test_the_command_writes_the_example_then_imports_it(
@@ -87,7 +161,9 @@ def test_imported_records_run_as_a_sweep(
     result.assert_outcomes(passed=4)
     assert [row["quality"] for row in rows_of(tmp_path)] == [1.0] * 4
     sent = fake_endpoint.requests[0]["messages"]
-    assert json.dumps(sent).count("[tool call]") == 1
+    assert [m["role"] for m in sent].count("tool") == 1  # the call and its result, as sent
+    assert sum(1 for m in sent if m.get("tool_calls")) == 1
+    assert "[tool call]" not in json.dumps(sent)
 
 
 def test_two_chats_of_one_id_are_an_error_naming_both(

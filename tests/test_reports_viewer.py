@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.records import PROMPTS_FILE
+from pytest_budgetbench.records import EPISODES_FILE, PROMPTS_FILE, Status
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.synthetic import (
     make_row,
@@ -136,6 +136,130 @@ def test_report_html_links_the_summary_to_the_viewer_and_allows_only_its_script(
     assert "<script" not in no_viewer.paths["html"].read_text(encoding="utf-8")
 
 
+# -- tool calls and episodes ----------------------------------------------------------------
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+TRAJECTORY: list[dict[str, Any]] = [
+    {"role": "system", "content": "You book flights."},
+    {"role": "user", "content": "Book me the cheapest flight to Oslo on Friday."},
+    {"role": "assistant", "content": None,
+     "tool_calls": [_call("call_a", "search_flights", '{"to": "OSL", "day": "fri"}')]},
+    {"role": "tool", "tool_call_id": "call_a", "content": "SK123 99 EUR; DY45 120 EUR"},
+    {"role": "assistant", "content": "SK123 is cheapest.",
+     "tool_calls": [_call("call_b", "book", '{"flight": "SK123"}')]},
+    {"role": "tool", "tool_call_id": "call_b", "content": "booked: ref XQ7"},
+]
+SUMMARY = {"role": "user", "content": "[summary] searched flights to Oslo, SK123 cheapest"}
+
+
+def _episode_record(cell_id: str, last_reply: str = "Booked SK123, ref XQ7.") -> dict[str, Any]:
+    """Three calls: the first two send the trajectory as is, the third a summary in place
+    of the search (call_a and its result dropped)."""
+    calls = [
+        {"call": 1, "prompt": [{"t": 0}, {"t": 1}], "tools": 2, "counted_tokens": 120,
+         "server_prompt_tokens": 121, "prefix_tokens": 0, "model_s": 0.2, "cached": False,
+         "output_tokens": 9, "seen": 2},
+        {"call": 2, "prompt": [{"t": i} for i in range(4)], "tools": 2, "counted_tokens": 300,
+         "server_prompt_tokens": 301, "prefix_tokens": 120, "model_s": 0.3, "cached": False,
+         "output_tokens": 12, "seen": 4},
+        {"call": 3, "prompt": [{"t": 0}, {"m": SUMMARY}, {"t": 4}, {"t": 5}], "tools": 2,
+         "counted_tokens": 700, "server_prompt_tokens": None, "prefix_tokens": 0,
+         "model_s": None, "cached": False, "output_tokens": None, "seen": 6},
+    ]
+    tools = [{"type": "function", "function": {"name": n, "parameters": {}}}
+             for n in ("search_flights", "book")]
+    return {"cell_id": cell_id, "run_id": "run", "tools": tools,
+            "trajectory": [*TRAJECTORY, {"role": "assistant", "content": last_reply}],
+            "ended": "violation", "calls": calls}
+
+
+def agent_run(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """A run with an item of two cells: an episode cell (rows with ``calls``) whose record
+    in episodes.jsonl was rewritten by a rerun (a stale record, a torn line, the last
+    record), and a plain cell whose prompt holds the trajectory's tool calls."""
+    episode_row = make_row("flights", "trip1", "summary", 512, status=Status.VIOLATION,
+                           counted_tokens=700) | {
+        "calls": 3, "call_tokens": [120, 300, 700], "max_call_tokens": 700,
+        "p95_call_tokens": 700, "sum_call_tokens": 1120, "violated_call": 3,
+        "total_tokens": 1141, "prefix_reuse": 0.4, "ended": "violation"}
+    plain = make_row("flights", "trip1", "full_context", 4096, reference=True)
+    rows = [episode_row, plain]
+    run = write_run(tmp_path / "run", rows)
+    with (run / PROMPTS_FILE).open("w") as handle:
+        handle.write(json.dumps({"cell_id": plain["cell_id"], "prompt_sha256": "",
+                                 "messages": TRAJECTORY}) + "\n")
+    with (run / EPISODES_FILE).open("w") as handle:
+        handle.write(json.dumps(_episode_record(episode_row["cell_id"], "stale")) + "\n")
+        handle.write('{"cell_id": "flights-trip1-summary-512", "trajec\n')  # torn
+        handle.write(json.dumps(_episode_record(episode_row["cell_id"])) + "\n")
+    return run, rows
+
+
+def test_tool_calls_are_shown_as_calls_and_results_as_results_of_their_call(
+    tmp_path: Path,
+) -> None:
+    run, rows = agent_run(tmp_path)
+    (item,) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    plain = next(r for r in item["rows"] if r["c"] == 0)  # full_context sorts first
+    shown = [item["msgs"][i] for i in plain["p"]]
+    assert shown[2] == ["assistant", "", {"calls": [
+        ["call_a", "search_flights", '{\n  "to": "OSL",\n  "day": "fri"\n}']]}]
+    assert shown[3] == ["tool", "SK123 99 EUR; DY45 120 EUR", {"call": "call_a"}]
+    assert shown[4][:2] == ["assistant", "SK123 is cheapest."]  # text and call, apart
+    assert shown[4][2]["calls"][0][:2] == ["call_b", "book"]
+    assert all("tool_call" not in text for _role, text, *_ in item["msgs"])  # no JSON dump
+
+
+def test_an_episode_cell_shows_each_call_prompt_with_kept_new_and_dropped_messages(
+    tmp_path: Path,
+) -> None:
+    run, rows = agent_run(tmp_path)
+    (item,) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    row = next(r for r in item["rows"] if r["c"] == 1)
+    assert (row["nc"], row["vc"], row["ct"], row["en"]) == (3, 3, [120, 300, 700], "violation")
+    episode = row["ep"]
+    msgs = item["msgs"]
+    assert [msgs[i][1] for i in episode["traj"]][-1] == "Booked SK123, ref XQ7."  # last wins
+    assert episode["tools"] == ["search_flights", "book"] and episode["ended"] == "violation"
+    first, second, third = episode["calls"]
+    assert [msgs[i][0] for i in second["p"]] == ["system", "user", "assistant", "tool"]
+    assert (first["d"], second["d"], second["n"]) == ([], [], [])
+    assert [msgs[i] for i in third["p"]] == [
+        ["system", "You book flights."], ["user", SUMMARY["content"]],
+        *[msgs[episode["traj"][i]] for i in (4, 5)]]
+    assert third["n"] == [1]  # the summary is the strategy's
+    assert [msgs[i][1] for i in third["d"]] == [  # before seen, named by no entry
+        TRAJECTORY[1]["content"], "", TRAJECTORY[3]["content"]]
+    assert (third["k"], third["t"], third["seen"], third["nt"]) == (3, 700, 6, 2)
+    assert "st" not in third and second["st"] == 301
+
+
+def test_an_episode_without_its_record_says_so_and_plain_cells_have_none(
+    tmp_path: Path,
+) -> None:
+    run, rows = agent_run(tmp_path)
+    (run / EPISODES_FILE).unlink()
+    (item,) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    episode_row, plain = sorted(item["rows"], key=lambda r: -r["c"])
+    assert episode_row["em"] == "none" and "ep" not in episode_row
+    assert "em" not in plain and "nc" not in plain
+    (run / EPISODES_FILE).mkdir()  # unreadable: still no episode view, and no error
+    (item,) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    assert {r.get("em") for r in item["rows"]} == {"none", None}
+    capped = viewer_data([Side("", [run])], cells_of(rows), max_prompt_chars=10)
+    assert {r.get("em") for r in capped["items"][0]["rows"]} == {"none", None}
+
+
+def test_a_capped_item_leaves_its_episode_out(tmp_path: Path) -> None:
+    run, rows = agent_run(tmp_path)
+    (item,) = viewer_data([Side("", [run])], cells_of(rows), max_prompt_chars=10)["items"]
+    assert [r.get("em") for r in item["rows"] if "nc" in r] == ["cap"]
+    assert all("ep" not in r for r in item["rows"])
+
+
 # -- in a browser ---------------------------------------------------------------------------
 CHROMIUM = find_chromium()
 needs_chromium = pytest.mark.skipif(
@@ -204,3 +328,24 @@ def test_a_cell_lists_its_items_and_without_javascript_the_tables_remain(
     page = big_report.read_text(encoding="utf-8")
     assert '<section id="bb-viewer" hidden></section>' in page and "<noscript>" in page
     assert '<details class="bb-cell" id="cell=7">' in page and "<h2>Summary</h2>" in page
+
+
+@needs_chromium
+def test_the_viewer_shows_tool_calls_and_an_episode_call_by_call(tmp_path: Path) -> None:
+    run, _rows = agent_run(tmp_path)
+    report = build_report([run], tmp_path / "out", resamples=100, plots=False)
+    dom = browse(report.paths["html"].resolve().as_uri() + "#item=flights%2Ftrip1")
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    # Calls as calls, with their arguments; results as results of their call.
+    assert "assistant · kept · calls search_flights" in panel
+    assert "call call_a: search_flights" in panel and '"to": "OSL"' in panel
+    assert "tool result · kept · of call call_a (search_flights)" in panel
+    assert "result of call call_b (book)" in panel
+    # The episode: every call, the violating one open and marked, the dropped messages.
+    assert "episode: 3 calls · ended violation · call 3 violated the budget" in panel
+    assert "tools: search_flights, book" in panel
+    assert "call 1 · 120 tokens · sent 2 (2 kept, 0 new) · dropped 0" in panel
+    assert ("call 3 · 700 tokens (over 512) · sent 4 (3 kept, 1 new) · dropped 3 · VIOLATION"
+            in panel)
+    assert 'class="bb-step bb-violated" open=""' in panel
+    assert "3 dropped from the trajectory" in panel and "user · new · [summary]" in panel

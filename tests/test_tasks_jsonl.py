@@ -24,6 +24,15 @@ from tests.test_tasks_longmemeval import FakeJudge
 CHAT = [{"role": "user", "content": "my dog is called Rex"},
         {"role": "assistant", "content": "Noted."}]
 QUESTION = {"role": "user", "content": "What is my dog called?"}
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "lookup_pet", "arguments": '{"owner": "me"}'}}
+TRAJECTORY = [{"role": "user", "content": "Look up my pet."},
+              {"role": "assistant", "content": None, "tool_calls": [CALL]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "dog: Rex"},
+              {"role": "assistant", "content": "Your dog is Rex."}]
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup_pet", "description": "The user's pets.",
+    "parameters": {"type": "object", "properties": {"owner": {"type": "string"}}}}}]
 
 
 def _task(path: Path, **params: str) -> Task:
@@ -151,6 +160,26 @@ BAD = [
     ("{not json", "line 2: not valid JSON"),
     ({"id": "first", "messages": [*CHAT, QUESTION], "answer": "Rex"},
      "line 2: id 'first' is also line 1's; ids must be unique"),
+    # An agent's trajectory: calls with ids, results naming them, each pair whole.
+    ({"messages": [TRAJECTORY[0], {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": CALL["function"]}]}, TRAJECTORY[2], QUESTION],
+      "answer": "Rex"},
+     "line 2: field 'messages' returned message 1 with tool call 0 that is not {'id': str"),
+    ({"messages": [*TRAJECTORY[:2], {"role": "tool", "content": "dog: Rex"}, QUESTION],
+      "answer": "Rex"},
+     "line 2: field 'messages' returned tool message 2 without a string 'tool_call_id'"),
+    ({"messages": [*TRAJECTORY[:2], QUESTION], "answer": "Rex"},
+     "line 2: field 'messages' broke a tool-call pair: call 'call_1' (lookup_pet) at message "
+     "1 has no tool result before message 2"),
+    ({"history": [TRAJECTORY[0], TRAJECTORY[2]], "question": "Pet?", "answer": "Rex"},
+     "line 2: field 'history' broke a tool-call pair: the tool result at message 1 answers "
+     "call 'call_1', which no assistant message just before it makes"),
+    ({"messages": [*TRAJECTORY, QUESTION], "answer": "Rex", "tools": {"name": "lookup_pet"}},
+     "line 2: field 'tools' must be a list of tools (got {'name': 'lookup_pet'} that is a "
+     "dict); give the tools as the chat API's 'tools' takes them"),
+    ({"messages": [*TRAJECTORY, QUESTION], "answer": "Rex", "tools": [{"name": "lookup_pet"}]},
+     "line 2: field 'tools' has tool 0 that is not {'type': 'function', 'function': "
+     "{'name': str"),
 ]
 
 
@@ -165,6 +194,72 @@ def test_a_bad_record_is_one_line_naming_file_and_line(
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"task 'chats': {path} {expected}"), message
+
+
+def test_an_agent_trajectory_keeps_its_calls_and_results_and_its_tools(tmp_path: Path) -> None:
+    path = _write(tmp_path / "agent.jsonl",
+                  {"id": "a1", "messages": [*TRAJECTORY, QUESTION], "answer": "Rex",
+                   "tools": TOOLS},
+                  {"id": "a2", "history": TRAJECTORY, "question": "Pet?", "answer": "Rex"})
+    with_tools, without = _task(path).load()
+    assert with_tools.messages == (*TRAJECTORY, QUESTION)  # nothing flattened to text
+    assert with_tools.tools == tuple(TOOLS)
+    assert without.messages[1]["tool_calls"] == [CALL] and without.tools == ()
+
+
+def test_csv_cells_hold_a_trajectory_and_its_tools_as_json(tmp_path: Path) -> None:
+    path = tmp_path / "agent.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["history", "question", "answer", "tools"])
+        writer.writerow([json.dumps(TRAJECTORY), "Pet?", "Rex", json.dumps(TOOLS)])
+        writer.writerow([json.dumps(TRAJECTORY), "Pet?", "Rex", "[{"])
+    with pytest.raises(DataError, match=r"line 3: column 'tools' must hold a JSON list of "
+                                        r"tools \(Expecting"):
+        _task(path).load()
+    path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
+    (item,) = _task(path).load()
+    assert item.messages[2] == TRAJECTORY[2] and item.tools == tuple(TOOLS)
+
+
+def _agent_sweep(pytester: pytest.Pytester, fake: FakeOpenAI, tmp_path: Path) -> None:
+    """An agent trajectory with a tool call, as a team's own data, swept with prompts kept."""
+    data = _write(tmp_path / "agent.jsonl", {"id": "a1", "messages": [
+        {"role": "system", "content": "You help pet owners."},
+        {"role": "user", "content": "Hi, my dog is called Rex. Look up his vaccinations."},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rabies: 2025-03"},
+        {"role": "assistant", "content": "His rabies shot was in March 2025."},
+        QUESTION], "answer": "Rex", "tools": TOOLS})
+    result = pytester.runpytest(*sweep_args(
+        fake, tmp_path, "--budgets=4096", "--budgetbench-strategies=full_context",
+        "--budgetbench-audit=full", f"--budgetbench-tasks=agent=jsonl(path={data})"))
+    result.assert_outcomes(passed=1)
+
+
+def test_an_agent_trajectory_runs_end_to_end_with_its_calls_unflattened(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    _agent_sweep(pytester, fake_endpoint, tmp_path)
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "ok" and row["quality"] == 1.0
+    (prompts,) = (tmp_path / "out").glob("*/prompts.jsonl")
+    (record,) = [json.loads(line) for line in prompts.read_text().splitlines()]
+    roles = [m["role"] for m in record["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert record["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    assert record["messages"][3]["tool_call_id"] == "call_1"
+    (sent,) = fake_endpoint.requests
+    assert sent["messages"] == record["messages"]  # the model got the pair as messages
+
+
+@pytest.mark.xfail(strict=True, reason="runner sends Item.tools: main session")
+def test_an_agent_trajectory_sends_its_tools_with_the_call(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    _agent_sweep(pytester, fake_endpoint, tmp_path)
+    (sent,) = fake_endpoint.requests
+    assert sent.get("tools") == TOOLS
 
 
 @pytest.mark.parametrize(("grader", "answer", "expected"), [

@@ -239,12 +239,24 @@
       fact("aux calls", (row.auxn || row.aux.length) + " · in " + (row.ai || 0) + " · out "
         + (row.ao || 0) + " · " + fmt(row.as, 3) + " s");
     }
+    if (row.nc !== undefined) {
+      fact("calls", row.nc + (row.en ? " · ended " + row.en : "")
+        + (row.vc ? " · violated at call " + row.vc : ""));
+      fact("call tokens", [["max", row.mx], ["p95", row.p95], ["sum", row.sm],
+        ["prompt+output over all calls", row.tt]].filter(function (pair) {
+        return pair[1] !== undefined;
+      }).map(function (pair) { return pair[0] + " " + fmt(pair[1], 0); }).join(" · "));
+      fact("per call", row.ct ? row.ct.join(" · ") : "");
+      fact("prefix reuse", row.pr !== undefined ? (100 * row.pr).toFixed(1) + "%" : "");
+    }
     fact("cell", row.id);
     col.appendChild(facts);
     if (row.y !== undefined) { col.appendChild(block("reply", row.y)); }
     if (row.e !== undefined) { col.appendChild(block("error", row.e)); }
     if (row.aux) { col.appendChild(auxTable(row.aux)); }
-    col.appendChild(prompt(item, row));
+    if (row.nc !== undefined) { col.appendChild(episode(item, row)); }
+    // An episode's prompts are its calls'; prompts.jsonl may hold none for it.
+    if (row.nc === undefined || row.pm !== "none") { col.appendChild(prompt(item, row)); }
     return col;
   }
 
@@ -300,23 +312,113 @@
     wrap.appendChild(el("div", "bb-label", summary));
     row.p.forEach(function (i) {
       var mark = full ? (full.has(i) ? "kept" : "new") : "";
-      wrap.appendChild(message(item.msgs[i], mark));
+      wrap.appendChild(message(item, item.msgs[i], mark));
     });
     if (dropped.length) {
       var details = el("details", "bb-dropped");
       details.appendChild(el("summary", null, dropped.length + " dropped from the full history"));
-      dropped.forEach(function (i) { details.appendChild(message(item.msgs[i], "dropped")); });
+      dropped.forEach(function (i) { details.appendChild(message(item, item.msgs[i], "dropped")); });
       wrap.appendChild(details);
     }
     return wrap;
   }
 
-  function message(msg, mark) {
-    var details = el("details", "bb-msg" + (mark ? " bb-" + mark : ""));
-    var text = msg[1];
-    details.appendChild(el("summary", null, msg[0] + (mark ? " · " + mark : "") + " · "
-      + text.slice(0, 90).replace(/\s+/g, " ")));
-    details.appendChild(el("pre", "bb-pre", text));
+  // A message as what it is: text, an assistant's tool calls (name and arguments), or a
+  // tool result tied to the id of the call it answers; never a tool result as plain text.
+  function message(item, msg, mark) {
+    var role = msg[0], text = msg[1], tool = msg[2] || {};
+    var kind = tool.calls ? " bb-call" : (tool.call !== undefined ? " bb-result" : "");
+    var details = el("details", "bb-msg" + kind + (mark ? " bb-" + mark : ""));
+    var head = role + (mark ? " · " + mark : "") + " · ";
+    if (tool.calls) {
+      head += "calls " + tool.calls.map(function (c) { return c[1]; }).join(", ")
+        + (text ? " · " : "");
+    } else if (tool.call !== undefined) {
+      head = "tool result" + (mark ? " · " + mark : "") + " · of call " + tool.call + " ("
+        + (tool.name || callNames(item).get(tool.call) || "?") + ") · ";
+    }
+    details.appendChild(el("summary", null, head + text.slice(0, 90).replace(/\s+/g, " ")));
+    if (tool.call !== undefined) {
+      details.appendChild(el("div", "bb-tool-head", "result of call " + tool.call + " ("
+        + (tool.name || callNames(item).get(tool.call) || "unknown call") + ")"));
+    }
+    if (text) { details.appendChild(el("pre", "bb-pre", text)); }
+    (tool.calls || []).forEach(function (call) {
+      details.appendChild(el("div", "bb-tool-head", "call " + call[0] + ": " + call[1]));
+      details.appendChild(el("pre", "bb-pre bb-args", call[2]));
+    });
+    return details;
+  }
+
+  // The item's call ids and the tools they call, from its messages (once per item).
+  function callNames(item) {
+    if (!item.callNames) {
+      item.callNames = new Map();
+      item.msgs.forEach(function (msg) {
+        ((msg[2] || {}).calls || []).forEach(function (c) { item.callNames.set(c[0], c[1]); });
+      });
+    }
+    return item.callNames;
+  }
+
+  // -- an episode: the trajectory call by call -------------------------------------------
+  var NO_EPISODE = {
+    none: "episode not recorded (no record of this cell in episodes.jsonl)",
+    cap: "episode left out of this page (size cap; see the note above)"
+  };
+
+  function episode(item, row) {
+    var wrap = el("div", "bb-episode");
+    var ep = row.ep;
+    if (!ep) {
+      wrap.appendChild(el("p", "note", NO_EPISODE[row.em] || NO_EPISODE.none));
+      return wrap;
+    }
+    var budget = data.cells[row.c].budget;
+    var total = ep.callsn || ep.calls.length;
+    wrap.appendChild(el("div", "bb-label", "episode: " + total + " calls"
+      + (ep.ended ? " · ended " + ep.ended : "")
+      + (row.vc ? " · call " + row.vc + " violated the budget" : "")));
+    if (ep.tools.length) { wrap.appendChild(el("p", "note", "tools: " + ep.tools.join(", "))); }
+    if (ep.callsn) {
+      wrap.appendChild(el("p", "note", "the first " + ep.calls.length + " of " + ep.callsn
+        + " calls are shown"));
+    }
+    ep.calls.forEach(function (call) { wrap.appendChild(step(item, call, row, budget)); });
+    var trajectory = el("details", "bb-trajectory");
+    trajectory.appendChild(el("summary", null, "trajectory (" + ep.traj.length + " messages)"));
+    ep.traj.forEach(function (i) { trajectory.appendChild(message(item, item.msgs[i], "")); });
+    wrap.appendChild(trajectory);
+    return wrap;
+  }
+
+  // One call: the prompt as sent (trajectory messages kept, the strategy's new ones), the
+  // trajectory messages it dropped, its counted tokens against the budget.
+  function step(item, call, row, budget) {
+    var violated = row.vc !== undefined && call.k === row.vc;
+    var over = typeof call.t === "number" && call.t > budget;
+    var details = el("details", "bb-step" + (violated ? " bb-violated" : ""));
+    if (violated) { details.open = true; }
+    var made = new Set(call.n);
+    var summary = "call " + call.k + " · " + fmt(call.t, 0) + " tokens" + (over ? " (over "
+      + budget + ")" : "") + " · sent " + call.p.length + " (" + (call.p.length - made.size)
+      + " kept, " + made.size + " new) · dropped " + call.d.length
+      + (violated ? " · VIOLATION" : "") + (call.ca ? " · cached" : "");
+    details.appendChild(el("summary", violated || over ? "bb-violation" : null, summary));
+    details.appendChild(el("p", "note", [
+      call.st !== undefined ? "server " + call.st : "", call.o !== undefined ? "out " + call.o : "",
+      call.ms !== undefined ? fmt(call.ms, 3) + " s" : "",
+      call.nt !== undefined ? call.nt + " tools" : "",
+      "made after " + call.seen + " trajectory messages"].filter(Boolean).join(" · ")));
+    call.p.forEach(function (i, at) {
+      details.appendChild(message(item, item.msgs[i], made.has(at) ? "new" : "kept"));
+    });
+    if (call.d.length) {
+      var dropped = el("details", "bb-dropped");
+      dropped.appendChild(el("summary", null, call.d.length + " dropped from the trajectory"));
+      call.d.forEach(function (i) { dropped.appendChild(message(item, item.msgs[i], "dropped")); });
+      details.appendChild(dropped);
+    }
     return details;
   }
 

@@ -13,11 +13,20 @@ The document (:func:`viewer_data`) is what the page's script renders on demand::
     cells  [{side, task, strategy, budget, reference, ref}]   ref: the cell index that
            wins and losses are counted against (the task's reference; in a diff, run A)
     items  [{key, task, item, category, gold, msgs, full, rows}]
-           msgs  every distinct message of the item's prompts once: [role, text]
+           msgs  every distinct message of the item's prompts once: [role, text] or
+                 [role, text, {"calls": [[id, name, arguments as pretty JSON]]}] for an
+                 assistant's tool calls, [role, text, {"call": id, "name"?}] for a tool
+                 result
            full  the full history (a reference cell's prompt) as indices into msgs, or null
            rows  one per cell and repeat, keys as in _ROW_KEYS, "p" the prompt's msgs
-                 indices (null when not kept) and "pm" why ("full", "hash", "none", "cap")
+                 indices (null when not kept) and "pm" why ("full", "hash", "none", "cap");
+                 an episode cell's row (``calls`` set) has "ep" (see :func:`_episode`), or
+                 "em" why not ("none": no record in episodes.jsonl, "cap")
     note   why items or prompts were left out, or ""
+
+An episode cell's record comes from ``<run_dir>/episodes.jsonl`` (the last record of a
+cell wins), read only when a picked row is an episode's; a missing file or a record it
+cannot read leaves that cell without an episode view, never the page without a viewer.
 """
 
 from __future__ import annotations
@@ -29,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.messages import text_of
-from pytest_budgetbench.records import PROMPTS_FILE
+from pytest_budgetbench.messages import text_of, tool_calls_of
+from pytest_budgetbench.records import EPISODES_FILE, PROMPTS_FILE
 from pytest_budgetbench.reports.load import cells_path, parse_line
 
 MAX_ROWS = 25_000
@@ -41,6 +50,8 @@ MAX_PROMPT_CHARS = 16_000_000
 MAX_TEXT_CHARS = 20_000
 """A message, reply or error longer than this is cut, and says by how much."""
 MAX_AUX_CALLS = 50
+MAX_EPISODE_CALLS = 500
+"""Calls of one episode shown; a longer episode says how many it had."""
 
 # Row field -> the short key the page reads (short: a page holds tens of thousands).
 _ROW_KEYS: dict[str, str] = {
@@ -49,6 +60,10 @@ _ROW_KEYS: dict[str, str] = {
     "utilisation": "u", "strategy_s": "ss", "model_s": "ms", "cached": "ca",
     "aux_input_tokens": "ai", "aux_output_tokens": "ao", "aux_s": "as", "cell_id": "id",
     "prompt_sha256": "sha",
+    # An episode cell's (a row with ``calls``): its calls, and the one over budget.
+    "calls": "nc", "call_tokens": "ct", "max_call_tokens": "mx", "p95_call_tokens": "p95",
+    "sum_call_tokens": "sm", "violated_call": "vc", "total_tokens": "tt",
+    "prefix_reuse": "pr", "ended": "en",
 }
 _CLIPPED = frozenset({"prediction", "error", "extracted"})
 
@@ -102,7 +117,8 @@ def viewer_data(
                 if key in index:
                     picked.add(side.label, index[key], row)
     prompts = _prompts(sides, picked)
-    items, capped = _items(cells, picked, prompts, max_prompt_chars)
+    episodes = _episodes(sides, picked)
+    items, capped = _items(cells, picked, prompts, episodes, max_prompt_chars)
     notes = []
     if picked.left_out:
         total = len(picked.items) + len(picked.left_out)
@@ -179,29 +195,52 @@ def _line_ids(line: bytes, known: dict[tuple[bytes, bytes], tuple[str, str] | No
     return known[raw]
 
 
-def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
-    """(side, cell_id) -> the prompts.jsonl record of each picked row, the one whose sha256
-    the row names when a resumed cell wrote several."""
+def _wanted(picked: _Picked, episodes: bool = False) -> dict[tuple[str, str], str | None]:
+    """(side, cell_id) -> the prompt sha256 of each picked row (of each episode row's when
+    ``episodes``)."""
     wanted: dict[tuple[str, str], str | None] = {}
     for rows in picked.items.values():
         for (label, _cell, _repeat), row in rows.items():
-            wanted[(label, str(row.get("cell_id")))] = row.get("prompt_sha256")
+            if not episodes or row.get("calls") is not None:
+                wanted[(label, str(row.get("cell_id")))] = row.get("prompt_sha256")
+    return wanted
+
+
+def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
+    """(side, cell_id) -> the prompts.jsonl record of each picked row, the one whose sha256
+    the row names when a resumed cell wrote several."""
+    wanted = _wanted(picked)
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for side in sides:
         for run_dir in side.run_dirs:
-            path = _prompts_path(run_dir)
-            for cell_id, record in _prompt_records(path, {c for s, c in wanted if s == side.label}):
+            path = _run_file(run_dir, PROMPTS_FILE)
+            for cell_id, record in _records_of(path, {c for s, c in wanted if s == side.label}):
                 key = (side.label, cell_id)
                 if key not in found or record.get("prompt_sha256") == wanted[key]:
                     found[key] = record
     return found
 
 
-def _prompts_path(run_dir: Path) -> Path:
-    return (run_dir.parent if run_dir.is_file() else run_dir) / PROMPTS_FILE
+def _episodes(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
+    """(side, cell_id) -> the episodes.jsonl record of each picked episode row: the last
+    one of its cell (a rerun's). No file is opened when no picked row is an episode's."""
+    wanted = _wanted(picked, episodes=True)
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for side in sides:
+        cell_ids = {c for s, c in wanted if s == side.label}
+        for run_dir in side.run_dirs:
+            for cell_id, record in _records_of(_run_file(run_dir, EPISODES_FILE), cell_ids):
+                found[(side.label, cell_id)] = record
+    return found
 
 
-def _prompt_records(path: Path, cell_ids: set[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+def _run_file(run_dir: Path, name: str) -> Path:
+    return (run_dir.parent if run_dir.is_file() else run_dir) / name
+
+
+def _records_of(path: Path, cell_ids: set[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The records of a per-cell JSON-lines file (prompts, episodes) for these cells, in
+    the file's order; a line of another cell is skipped on its leading ``cell_id``."""
     if not cell_ids:
         return
     try:
@@ -230,6 +269,7 @@ def _items(
     cells: Sequence[ViewerCell],
     picked: _Picked,
     prompts: Mapping[tuple[str, str], dict[str, Any]],
+    episodes: Mapping[tuple[str, str], dict[str, Any]],
     max_prompt_chars: int,
 ) -> tuple[list[dict[str, Any]], int]:
     items = []
@@ -238,9 +278,9 @@ def _items(
     for (task, item_id), rows in sorted(picked.items.items()):
         messages = _Messages()
         entries = []
-        prompt_chars = 0
         for (side, cell, repeat), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-            record = prompts.get((side, str(row.get("cell_id"))))
+            cell_id = str(row.get("cell_id"))
+            record = prompts.get((side, cell_id))
             entry = _entry(row, cell, repeat)
             if record is None:
                 entry["pm"] = "none"
@@ -249,16 +289,23 @@ def _items(
             else:
                 entry["p"] = messages.indices(record["messages"])
                 entry["pm"] = "full"
+            if row.get("calls") is not None:
+                episode = _episode(episodes.get((side, cell_id)), messages)
+                if episode is None:
+                    entry["em"] = "none"
+                else:
+                    entry["ep"] = episode
             entries.append(entry)
-        prompt_chars = messages.chars
-        if prompt_chars > budget:
+        if messages.chars > budget:
             capped += 1
             for entry in entries:
                 if entry.pop("p", None) is not None:
                     entry["pm"] = "cap"
+                if entry.pop("ep", None) is not None:
+                    entry["em"] = "cap"
             messages = _Messages()
         else:
-            budget -= prompt_chars
+            budget -= messages.chars
         first = next(iter(rows.values()))
         items.append({
             "key": f"{task}/{item_id}",
@@ -271,6 +318,72 @@ def _items(
             "rows": entries,
         })
     return items, capped
+
+
+def _episode(record: Mapping[str, Any] | None, messages: _Messages) -> dict[str, Any] | None:
+    """An episode's record for the page, its messages held in the item's table::
+
+        {"traj": msgs indices of the trajectory, "tools": [tool names], "ended": str,
+         "calls": [{"k": call number, "p": msgs indices of the prompt as sent,
+                    "n": positions in "p" of messages the strategy made,
+                    "d": msgs indices of trajectory messages it dropped (before "seen"),
+                    "seen", "t" counted tokens, "st", "o", "ms", "ca", "nt" tools sent}],
+         "callsn": the episode's calls when more than MAX_EPISODE_CALLS}
+
+    None when there is no record, or one without a trajectory and calls."""
+    if record is None:
+        return None
+    trajectory, calls = record.get("trajectory"), record.get("calls")
+    if not isinstance(trajectory, list) or not isinstance(calls, list):
+        return None
+    positions = messages.indices(trajectory)
+    shown = [_episode_call(call, positions, messages) for call in calls[:MAX_EPISODE_CALLS]
+             if isinstance(call, dict)]
+    tools = record.get("tools")
+    episode: dict[str, Any] = {
+        "traj": positions, "ended": record.get("ended"), "calls": shown,
+        "tools": [_tool_name(tool) for tool in tools] if isinstance(tools, list) else [],
+    }
+    if len(calls) > MAX_EPISODE_CALLS:
+        episode["callsn"] = len(calls)
+    return episode
+
+
+def _episode_call(call: Mapping[str, Any], positions: list[int], messages: _Messages
+                  ) -> dict[str, Any]:
+    """One call: its prompt rebuilt from ``{"t": i}`` (trajectory[i] as is) and ``{"m":
+    message}`` (the strategy's own) entries; what it dropped is every trajectory message
+    before ``seen`` that no entry names."""
+    sent: list[int] = []
+    made: list[int] = []
+    named: set[int] = set()
+    prompt = call.get("prompt")
+    for part in prompt if isinstance(prompt, list) else []:
+        at = part.get("t") if isinstance(part, dict) else None
+        if isinstance(at, int) and 0 <= at < len(positions):
+            named.add(at)
+            sent.append(positions[at])
+        elif isinstance(part, dict) and "m" in part:
+            made.append(len(sent))
+            sent.extend(messages.indices([part["m"]]))
+    seen = call.get("seen")
+    seen = min(seen, len(positions)) if isinstance(seen, int) else len(positions)
+    dropped = [positions[i] for i in range(seen) if i not in named]
+    messages.chars += 4 * (len(sent) + len(dropped))  # the indices weigh on the page too
+    entry: dict[str, Any] = {"k": call.get("call"), "p": sent, "n": made, "d": dropped,
+                             "seen": seen}
+    for name, key in (("counted_tokens", "t"), ("server_prompt_tokens", "st"),
+                      ("output_tokens", "o"), ("model_s", "ms"), ("cached", "ca"),
+                      ("tools", "nt")):
+        if call.get(name) is not None:
+            entry[key] = call[name]
+    return entry
+
+
+def _tool_name(tool: Any) -> str:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    return str(name) if name is not None else json.dumps(tool, default=str)[:80]
 
 
 def _entry(row: Mapping[str, Any], cell: int, repeat: int) -> dict[str, Any]:
@@ -298,38 +411,65 @@ class _Messages:
     """An item's distinct messages, each held once however many prompts share it."""
 
     def __init__(self) -> None:
-        self.table: list[list[str]] = []
-        self._index: dict[tuple[str, str], int] = {}
+        self.table: list[list[Any]] = []
+        self._index: dict[str, int] = {}
         self.chars = 0
 
     def indices(self, messages: Iterable[Any]) -> list[int]:
         out = []
         for message in messages:
-            role, text = _role_and_text(message)
-            key = (role, text)
+            shown = _shown(message)
+            key = json.dumps(shown, ensure_ascii=False)
             position = self._index.get(key)
             if position is None:
                 position = self._index[key] = len(self.table)
-                shown = clip(text)
-                self.table.append([role, shown])
-                self.chars += len(shown)
+                self.table.append(shown)
+                self.chars += len(key)
             out.append(position)
         return out
 
 
-def _role_and_text(message: Any) -> tuple[str, str]:
+def _shown(message: Any) -> list[Any]:
+    """A message as the page shows it: [role, text], and for tool traffic a third part,
+    ``{"calls": [[id, name, arguments]]}`` (an assistant's calls, arguments as pretty
+    JSON) or ``{"call": id, "name"?: str}`` (a tool result and the call it answers)."""
     if not isinstance(message, dict):
-        return "?", json.dumps(message, ensure_ascii=False, default=str)
+        return ["?", clip(json.dumps(message, ensure_ascii=False, default=str))]
     text = text_of(message)
     content = message.get("content")
     if isinstance(content, list):
         other = sum(1 for part in content if isinstance(part, dict) and part.get("type") != "text")
         if other:
             text += f"\n[{other} non-text part{'s' if other > 1 else ''}]"
-    extra = {k: v for k, v in message.items() if k not in ("role", "content")}
-    if extra:  # tool calls, names: shown as data
-        text += "\n" + json.dumps(extra, ensure_ascii=False, default=str)
-    return str(message.get("role", "?")), text
+    result = message.get("role") == "tool"
+    extra = {k: v for k, v in message.items() if k not in (
+        "role", "content", "tool_calls", "tool_call_id", *(("name",) if result else ()))}
+    if extra:  # names and the like: shown as data
+        text += ("\n" if text else "") + json.dumps(extra, ensure_ascii=False, default=str)
+    shown: list[Any] = [str(message.get("role", "?")), clip(text)]
+    calls = tool_calls_of(message)
+    if calls:
+        shown.append({"calls": [_call(call) for call in calls]})
+    elif result:
+        shown.append({"call": str(message.get("tool_call_id"))}
+                     | ({"name": str(message["name"])} if message.get("name") else {}))
+    return shown
+
+
+def _call(call: Any) -> list[str]:
+    """[id, name, arguments]: arguments that are JSON, indented; any other text as it is."""
+    if not isinstance(call, dict):
+        return ["", "?", clip(json.dumps(call, ensure_ascii=False, default=str))]
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
+    arguments = function.get("arguments", "")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        pretty = json.dumps(parsed, ensure_ascii=False, indent=2, default=str)
+    except ValueError:
+        pretty = str(arguments)
+    return [str(call.get("id", "")), str(function.get("name", "?")), clip(pretty)]
 
 
 def clip(text: str, limit: int = MAX_TEXT_CHARS) -> str:

@@ -3,7 +3,9 @@ work without JavaScript, the data as an inert JSON block, and the script with it
 
 Progressive enhancement: every link is an anchor. Without JavaScript, ``#cell=N`` jumps to
 that cell's ``<details>`` table of items; with it, the script (viewer.js) renders the cell
-with filters, and ``#item=TASK/ID`` renders every cell of that item side by side. Nothing
+with filters, and ``#item=TASK/ID`` renders every cell of that item side by side: its
+prompt message by message (tool calls as calls with their arguments, tool results tied to
+their call's id) and, for an episode cell, the trajectory call by call. Nothing
 from the records is ever markup: the tables escape it, the JSON block has no ``<`` left
 in it, and the script only sets ``textContent``.
 """
@@ -41,6 +43,11 @@ pre.bb-reply{background:#f6f8fa;padding:4px}pre.bb-error{background:#fff0f0;padd
 .bb-msg summary{cursor:pointer;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 .bb-kept{border-color:#2da44e}.bb-new{border-color:#bf8700}
 .bb-dropped .bb-msg,.bb-msg.bb-dropped{border-color:#cf222e;opacity:.75}
+.bb-msg.bb-call{background:#f1f8ff}.bb-msg.bb-result{background:#fbf5ff}
+.bb-tool-head{font-weight:600;font-size:12px;margin-top:3px}
+pre.bb-args{background:#f6f8fa;padding:3px}
+.bb-step{border:1px solid #d0d7de;border-radius:4px;margin:4px 0;padding:2px 6px}
+.bb-step>summary{cursor:pointer}.bb-step.bb-violated{border:2px solid #cf222e}
 td.bb-clip{max-width:260px;overflow:hidden;text-overflow:ellipsis}
 .bb-ok,.bb-win{color:#1a7f37}.bb-violation,.bb-loss{color:#cf222e}.bb-error{color:#9a6700}
 details.bb-cell{margin:2px 0}details.bb-cell>summary{cursor:pointer;font-size:13px}

@@ -288,6 +288,10 @@ SUPPORT_SYSTEM = "You are Acme's support assistant. Answer from the conversation
 SUPPORT_DEVICES = ("router", "laptop", "printer", "phone", "tablet", "camera")
 SUPPORT_LABELS = ("Falcon", "Juniper", "Nimbus", "Orchid", "Pebble", "Quartz", "Rocket", "Sable")
 SUPPORT_CATEGORIES = ("hardware", "account", "billing")
+LOOKUP_TICKET = {"type": "function", "function": {
+    "name": "lookup_ticket", "description": "A support ticket's status by its number.",
+    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}},
+                   "required": ["n"]}}}
 SUPPORT_STEPS = (
     "Unplug it for thirty seconds, then plug it back in.",
     "Check that the firmware is the latest version in the settings page.",
@@ -333,8 +337,9 @@ def support_chat_records(count: int = 200, turns: int = 6) -> list[dict[str, Any
 
 def openai_chat_export(count: int = 4, turns: int = 3) -> tuple[list[dict[str, Any]],
                                                                  list[dict[str, Any]]]:
-    """An OpenAI-style transcript export (chats with ``messages``, a tool call among them)
-    and a questions file about it, for ``budgetbench import-chats``."""
+    """An OpenAI-style transcript export (chats with ``messages``, a tool call among them,
+    and the ``tools`` the chat's model had) and a questions file about it, for
+    ``budgetbench import-chats``."""
     chats: list[dict[str, Any]] = []
     questions: list[dict[str, Any]] = []
     for index in range(count):
@@ -346,7 +351,8 @@ def openai_chat_export(count: int = 4, turns: int = 3) -> tuple[list[dict[str, A
             {"role": "tool", "tool_call_id": f"call_{index}", "content": f"ticket {index}: open"},
         ]
         chats.append({"id": f"conv-{index}", "title": f"Support chat {index}",
-                      "messages": [{"role": "system", "content": SUPPORT_SYSTEM}, *history]})
+                      "messages": [{"role": "system", "content": SUPPORT_SYSTEM}, *history],
+                      "tools": [LOOKUP_TICKET]})
         questions.append({"chat_id": f"conv-{index}", "question": question, "answer": label,
                           "category": SUPPORT_CATEGORIES[index % len(SUPPORT_CATEGORIES)]})
     return chats, questions

@@ -2,27 +2,43 @@
 ``jsonl`` task's records.
 
 The export is a JSON list of chats (or ``{"chats": [...]}``, or JSON lines), each with
-``messages`` in the chat format and an ``id``. The questions file (JSON list or JSON lines)
-holds one question per record: ``chat_id``, ``question``, ``answer`` (a string, a number or
-a list), and optionally ``category``, ``id`` and ``rubric``. Each question becomes one
-record: the chat's messages as ``history``, then the question.
+``messages`` in the OpenAI chat format, an ``id``, and optionally the ``tools`` its model
+was given. The questions file (JSON list or JSON lines) holds one question per record:
+``chat_id``, ``question``, ``answer`` (a string, a number or a list), and optionally
+``category``, ``id`` and ``rubric``. Each question becomes one record: the chat's messages
+as ``history``, its tools as ``tools``, then the question.
 
-What an endpoint would refuse out of context is flattened to text: an assistant's
-``tool_calls`` become ``[tool call] name(arguments)`` lines of its message, and a ``tool``
-(or legacy ``function``) result becomes an assistant message ``[tool result] ...``; a
-message with no content left is dropped. The written file is then loaded as the ``jsonl``
-task loads it, so what this writes is what a sweep reads.
+Tool traffic stays what it is: an assistant's ``tool_calls`` stay calls and ``tool``
+results stay results tied to their call's id, so a strategy sees each pair and the model
+gets the chat's tools. The legacy function format is brought to today's: a
+``function_call`` becomes a tool call (its id ``fn_<message index>``), the ``function``
+message that answers it a ``tool`` result, and a chat's ``functions`` its tools. A chat
+whose calls and results do not pair up is one error naming it. ``flatten_tools``
+(``--flatten-tools``), for an endpoint that refuses tool messages, flattens them to text
+instead: calls become ``[tool call] name(arguments)`` lines of their message, results
+assistant messages ``[tool result NAME] ...``, and the tools are dropped. A message with no
+content left is dropped. The written file is then loaded as the ``jsonl`` task loads it,
+so what this writes is what a sweep reads.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.errors import DataError, MalformedLine
-from pytest_budgetbench.messages import ROLES, Message, text_of
+from pytest_budgetbench.messages import (
+    ROLES,
+    Message,
+    Tool,
+    check_messages,
+    check_tool_pairs,
+    check_tools,
+    text_of,
+)
 from pytest_budgetbench.tasks._data import json_lines, one_line
 from pytest_budgetbench.tasks.base import TaskOptions
 
@@ -30,9 +46,10 @@ QUESTION_FIELDS = ("chat_id", "question", "answer")
 OPTIONAL_FIELDS = ("category", "id", "rubric")
 
 
-def import_chats(export: Path, questions: Path, out: Path) -> int:
+def import_chats(export: Path, questions: Path, out: Path, *,
+                 flatten_tools: bool = False) -> int:
     """Write ``out`` (JSON lines) and return how many records it holds."""
-    chats = dict(_chats(export))
+    chats = dict(_chats(export, flatten_tools))
     records: list[dict[str, Any]] = []
     asked: Counter[str] = Counter()
     for where, question in _entries(questions):
@@ -45,9 +62,12 @@ def import_chats(export: Path, questions: Path, out: Path) -> int:
             known = ", ".join(list(chats)[:5]) + (", ..." if len(chats) > 5 else "")
             raise DataError(f"import-chats: {questions} {where}: chat_id {chat_id!r} is not in "
                             f"{export} (its chats: {known})")
+        chat = chats[chat_id]
         record: dict[str, Any] = {"id": question.get("id", f"{chat_id}-q{asked[chat_id]}"),
-                                  "history": chats[chat_id], "question": question["question"],
+                                  "history": chat.messages, "question": question["question"],
                                   "answer": question["answer"]}
+        if chat.tools:
+            record["tools"] = chat.tools
         record.update({key: question[key] for key in OPTIONAL_FIELDS if key in question})
         asked[chat_id] += 1
         records.append(record)
@@ -100,7 +120,15 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
     return entries
 
 
-def _chats(path: Path) -> list[tuple[str, list[Message]]]:
+@dataclass(frozen=True)
+class Chat:
+    """One chat of the export: its messages, and the tools its model was given."""
+
+    messages: list[Message]
+    tools: list[Tool]
+
+
+def _chats(path: Path, flatten_tools: bool) -> list[tuple[str, Chat]]:
     chats = []
     seen: dict[str, str] = {}
     for index, (where, chat) in enumerate(_entries(path, "chats")):
@@ -111,40 +139,146 @@ def _chats(path: Path) -> list[tuple[str, list[Message]]]:
             raise DataError(f"import-chats: {path} {where}: chat id {chat_id!r} is also "
                             f"{seen[chat_id]}'s; give each chat its own id")
         seen[chat_id] = where
-        messages = [m for m in (_flat(path, where, i, m) for i, m in
-                                enumerate(chat["messages"])) if m is not None]
-        chats.append((chat_id, messages))
+        messages = _messages(path, where, chat["messages"])
+        if flatten_tools:  # no call is left to need a tool
+            chats.append((chat_id, Chat(_flattened(messages), [])))
+        else:
+            _check_pairs(path, where, messages)
+            chats.append((chat_id, Chat(messages, _tools(path, where, chat))))
     return chats
 
 
-def _flat(path: Path, where: str, index: int, message: Any) -> Message | None:
-    """A message the chat API takes in any context, or None when nothing is left of it."""
-    if not isinstance(message, dict) or "role" not in message:
-        raise DataError(f"import-chats: {path} {where}: messages[{index}] must be an object "
-                        "with a 'role'")
-    role, content = message["role"], message.get("content")
-    if role in ("tool", "function"):
-        name = message.get("name") or message.get("tool_call_id") or role
-        return {"role": "assistant", "content": f"[tool result {name}] {_text(content)}"}
-    if role not in ROLES:
-        raise DataError(f"import-chats: {path} {where}: messages[{index}] has unknown role "
-                        f"{role!r} (known: {', '.join(sorted(ROLES | {'function'}))})")
-    lines = [_text(content)] if content else []
-    calls = message.get("tool_calls") or []
+def _messages(path: Path, where: str, raw: list[Any]) -> list[Message]:
+    """The chat's messages in today's chat format: a legacy ``function_call`` becomes a
+    tool call with an id, and the ``function`` message that answers it a ``tool`` result
+    naming that id; a message with nothing in it is dropped."""
+    messages: list[Message] = []
+    pending: list[tuple[str, str]] = []  # legacy calls not yet answered: (id, name)
+    for index, message in enumerate(raw):
+        where_message = f"import-chats: {path} {where}: messages[{index}]"
+        if not isinstance(message, dict) or "role" not in message:
+            raise DataError(f"{where_message} must be an object with a 'role'")
+        role = message["role"]
+        if role == "function":
+            converted = _legacy_result(where_message, message, pending)
+        elif role in ROLES:
+            converted = _message(where_message, message, index, pending)
+        else:
+            raise DataError(f"{where_message} has unknown role {role!r} (known: "
+                            f"{', '.join(sorted(ROLES | {'function'}))})")
+        if converted.get("content") is not None or converted.get("tool_calls"):
+            messages.append(converted)
+    return messages
+
+
+def _message(where: str, message: Message, index: int,
+             pending: list[tuple[str, str]]) -> Message:
+    out: Message = {"role": message["role"], "content": _content(message.get("content"))}
+    for key in ("name", "tool_call_id"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    calls = [_call(where, number, call) for number, call in
+             enumerate(_raw_calls(where, message.get("tool_calls")))]
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict):
+        call_id = f"fn_{index}"  # the legacy format has no ids; the message's index is one
+        calls.append(_call(where, 0, {"id": call_id, "function": legacy}))
+        pending.append((call_id, str(legacy.get("name"))))
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _raw_calls(where: str, calls: Any) -> list[Any]:
+    if calls is None:
+        return []
     if not isinstance(calls, list):
-        raise DataError(f"import-chats: {path} {where}: messages[{index}].tool_calls must be "
-                        f"a list of calls (got {one_line(repr(calls), 40)})")
-    for number, call in enumerate(calls):
-        function = call.get("function", {}) if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise DataError(f"import-chats: {path} {where}: messages[{index}].tool_calls"
-                            f"[{number}] must be an object whose 'function' is an object "
-                            f"with 'name' and 'arguments' (got {one_line(repr(call), 60)})")
-        lines.append(f"[tool call] {function.get('name', '?')}({function.get('arguments', '')})")
-    if isinstance(content, list) and not message.get("tool_calls"):
-        return {"role": role, "content": content}
-    text = "\n".join(line for line in lines if line)
-    return {"role": role, "content": text} if text else None
+        raise DataError(f"{where}.tool_calls must be a list of calls (got "
+                        f"{one_line(repr(calls), 40)})")
+    return calls
+
+
+def _call(where: str, number: int, call: Any) -> dict[str, Any]:
+    """A tool call as the chat API takes it; arguments an export stored parsed become
+    JSON text again. An id it lacks is left for the check to report."""
+    function = call.get("function", {}) if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise DataError(f"{where}.tool_calls[{number}] must be an object whose 'function' is "
+                        "an object with 'name' and 'arguments' (got "
+                        f"{one_line(repr(call), 60)})")
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    out = {"type": "function", "function": {"name": function.get("name"),
+                                            "arguments": arguments}}
+    return {"id": call["id"], **out} if "id" in call else out
+
+
+def _legacy_result(where: str, message: Message, pending: list[tuple[str, str]]) -> Message:
+    """A legacy ``function`` result answers the open legacy call of its name (else the
+    oldest open one); with none open it names no call, and the check says so."""
+    name = message.get("name")
+    result: Message = {"role": "tool", "content": _text(message.get("content"))}
+    if pending:
+        match = next((i for i, (_id, called) in enumerate(pending) if called == name), 0)
+        call_id, called = pending.pop(match)
+        result["tool_call_id"] = call_id
+        name = name or called
+    if isinstance(name, str):
+        result["name"] = name
+    return result
+
+
+def _content(content: Any) -> Any:
+    """Content the chat API takes: text, content parts, or None."""
+    return content if content is None or isinstance(content, (str, list)) else _text(content)
+
+
+def _check_pairs(path: Path, where: str, messages: list[Message]) -> None:
+    try:
+        check_messages(messages, "the chat")
+        check_tool_pairs(messages, "the chat")
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"import-chats: {path} {where}: {one_line(exc, 300)}; or pass "
+                        "--flatten-tools to import tool calls and results as text") from None
+
+
+def _tools(path: Path, where: str, chat: dict[str, Any]) -> list[Tool]:
+    """The chat's ``tools`` (or legacy ``functions``, each one a tool's function)."""
+    if chat.get("tools") is not None:
+        tools = chat["tools"]
+    elif isinstance(chat.get("functions"), list):
+        tools = [{"type": "function", "function": function} for function in chat["functions"]]
+    else:
+        return []
+    try:
+        return check_tools(tools, "the chat's 'tools'")
+    except TypeError as exc:
+        raise DataError(f"import-chats: {path} {where}: {one_line(exc, 300)}") from None
+
+
+def _flattened(messages: list[Message]) -> list[Message]:
+    """The chat with its tool traffic as text (``--flatten-tools``), for an endpoint that
+    refuses tool messages: calls become ``[tool call] name(arguments)`` lines of their
+    message, a result an assistant message ``[tool result NAME] ...``."""
+    flat: list[Message] = []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "tool":
+            name = message.get("name") or message.get("tool_call_id") or role
+            flat.append({"role": "assistant", "content": f"[tool result {name}] {_text(content)}"})
+            continue
+        calls = message.get("tool_calls") or []
+        if isinstance(content, list) and not calls:
+            flat.append({"role": role, "content": content})
+            continue
+        lines = [_text(content)] + [
+            f"[tool call] {call['function'].get('name') or '?'}({call['function']['arguments']})"
+            for call in calls]
+        text = "\n".join(line for line in lines if line)
+        if text:
+            flat.append({"role": role, "content": text})
+    return flat
 
 
 def _text(content: Any) -> str:

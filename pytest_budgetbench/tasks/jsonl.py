@@ -12,12 +12,19 @@ gold answer(s)::
 and ``question`` (its text). ``answer`` is a string, a number or a list of them (any one
 is right); ``category``, ``id`` and ``rubric`` (for ``grader=judge``) are optional. In a
 CSV, ``messages`` and ``history`` cells hold the JSON list, and an ``answer`` cell that is
-a JSON list holds several answers. Every field name is an option (``answer_field=expected``),
-and so is the grader (:mod:`pytest_budgetbench.tasks.graders`).
+a JSON list holds several answers. Every field name is an option
+(``answer_field=expected``), and so is the grader (:mod:`pytest_budgetbench.tasks.graders`).
+
+An agent's trajectory stays as it is: an assistant message with ``tool_calls`` (its
+``content`` null or text) and the ``tool`` messages that answer it (``tool_call_id``) are
+kept as messages, so strategies see each call with its result; an optional ``tools`` list
+(OpenAI tool schemas) becomes :attr:`Item.tools`, sent and counted with the item's call
+(a CSV's ``tools`` cell holds the JSON list).
 
 The whole file is checked when it loads, before any cell runs: a bad record is one line
 naming the file, the line and the field (a missing field, a wrong type, an empty history,
-a message with an unknown role).
+a message with an unknown role, a tool call without an id, a tool result whose call does
+not come just before it, tools that are not tool schemas).
 """
 
 from __future__ import annotations
@@ -30,7 +37,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, DataError, MalformedLine, MalformedRecord
-from pytest_budgetbench.messages import ROLES, Message, text_of
+from pytest_budgetbench.messages import (
+    ROLES,
+    Message,
+    Tool,
+    check_messages,
+    check_tool_pairs,
+    check_tools,
+    text_of,
+)
 from pytest_budgetbench.options import DataFile, Option
 from pytest_budgetbench.tasks._data import (
     cell_suffix,
@@ -76,6 +91,7 @@ OPTIONS = (
     _field("category", "category"),
     _field("id", "id"),
     _field("rubric", "rubric"),
+    _field("tools", "tools"),
 )
 
 
@@ -144,14 +160,16 @@ class JsonlTask(Task):
 
     def _item(self, line: int, record: dict[str, Any]) -> Item:
         fields = {key: str(self.option(f"{key}_field")) for key in
-                  ("messages", "history", "question", "answer", "category", "id", "rubric")}
+                  ("messages", "history", "question", "answer", "category", "id", "rubric",
+                   "tools")}
         messages, question = self._messages(record, fields)
+        tools = self._tools(record, fields["tools"])
         rubric = self._optional_text(record, fields["rubric"])
         golds = self._golds(record, fields["answer"], rubric)
         item_id = self._optional_text(record, fields["id"]) or f"{line:04d}"
         category = self._optional_text(record, fields["category"]) or DEFAULT_CATEGORY
         return Item(item_id=item_id, messages=tuple(messages), answer=golds,
-                    category=category,
+                    category=category, tools=tuple(tools),
                     meta={"line": line, "question": question, "rubric": rubric})
 
     def _messages(self, record: dict[str, Any], fields: dict[str, str]) -> tuple[
@@ -185,6 +203,8 @@ class JsonlTask(Task):
         if not any(m["role"] not in ("system", "developer") for m in messages[:-1]):
             raise MalformedRecord("the history before the question is empty: a record needs the "
                                   "conversation the question is about")
+        _check_tool_traffic(messages, fields["messages"] if fields["messages"] in record
+                            else fields["history"])
         prompt = str(self.option("system_prompt"))
         if prompt and messages[0]["role"] not in ("system", "developer"):
             messages.insert(0, {"role": "system", "content": prompt})
@@ -200,7 +220,19 @@ class JsonlTask(Task):
                                   "the question is about")
         return [_message(message, f"{key}[{index}]") for index, message in enumerate(value)]
 
-    def _json_cell(self, value: Any, key: str) -> Any:
+    def _tools(self, record: dict[str, Any], key: str) -> list[Tool]:
+        """The record's tools (OpenAI tool schemas), sent with its call; none when absent."""
+        if key not in record or record[key] is None:
+            return []
+        try:
+            return check_tools(self._json_cell(record[key], key, "a JSON list of tools"),
+                               f"field '{key}'")
+        except TypeError as exc:
+            raise MalformedRecord(f"{exc}; give the tools as the chat API's 'tools' takes "
+                                  "them, or leave the field out") from None
+
+    def _json_cell(self, value: Any, key: str, what: str = "a JSON list of chat messages"
+                   ) -> Any:
         """A record's value as it is (JSON); :class:`CsvTask` parses its cells."""
         return value
 
@@ -274,12 +306,13 @@ class CsvTask(JsonlTask):
             if record:
                 yield line, record
 
-    def _json_cell(self, value: Any, key: str) -> Any:
+    def _json_cell(self, value: Any, key: str, what: str = "a JSON list of chat messages"
+                   ) -> Any:
         try:
             return json.loads(value)
         except json.JSONDecodeError as exc:
-            raise MalformedRecord(f"column '{key}' must hold a JSON list of chat messages "
-                                  f"({exc.msg} at column {exc.colno})") from None
+            raise MalformedRecord(f"column '{key}' must hold {what} ({exc.msg} at column "
+                                  f"{exc.colno})") from None
 
     def _answer_cell(self, value: Any) -> Any:
         if isinstance(value, str) and value.lstrip().startswith("["):
@@ -340,6 +373,8 @@ def _message(value: Any, where: str) -> Message:
         raise MalformedRecord(f"{where} has unknown role {role!r} "
                               f"(known: {', '.join(sorted(ROLES))})")
     content = value.get("content")
+    if content is None and value.get("tool_calls"):
+        return dict(value)  # an assistant's tool calls: checked with the whole list
     if isinstance(content, list):
         if not all(isinstance(part, dict) and isinstance(part.get("type"), str)
                    for part in content):
@@ -349,6 +384,21 @@ def _message(value: Any, where: str) -> Message:
         raise MalformedRecord(f"{where}.content must be a string or a list of content parts "
                               f"(got {_described(content)})")
     return dict(value)
+
+
+def _check_tool_traffic(messages: list[Message], key: str) -> None:
+    """Tool calls and results as the chat API takes them: each call with an id, each
+    result naming its call, each call answered at once (the pairs strategies keep)."""
+    where = f"field '{key}'"
+    try:
+        check_messages(messages, where)
+    except TypeError as exc:
+        raise MalformedRecord(f"{exc}; write tool calls and results in the OpenAI chat "
+                              "format") from None
+    try:
+        check_tool_pairs(messages, where)
+    except ValueError as exc:
+        raise MalformedRecord(str(exc)) from None
 
 
 def _described(value: Any) -> str:
