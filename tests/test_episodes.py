@@ -172,9 +172,11 @@ def test_regrade_grades_an_episode_from_its_recorded_trajectory_without_a_model_
     (run_dir,) = (tmp_path / "out").glob("*/")
     result = regrade_run(run_dir)
     assert result.regraded == 2 and len(agent.requests) == sent
-    regraded = [json.loads(line) for line in (result.out_dir / "cells.jsonl").read_text().splitlines()]
+    out = result.out_dir
+    regraded = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
     assert [row["quality"] for row in regraded] == [1.0, 1.0]
-    assert (result.out_dir / "episodes.jsonl").read_bytes() == (run_dir / "episodes.jsonl").read_bytes()
+    recorded = (run_dir / "episodes.jsonl").read_bytes()
+    assert (out / "episodes.jsonl").read_bytes() == recorded
     # Without its trajectory an episode cannot be graded: one line says so.
     (run_dir / "episodes.jsonl").unlink()
     with pytest.raises(DataError, match=r"has no trajectory in episodes\.jsonl"):

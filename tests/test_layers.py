@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("budget", "framing", "model", "endpoint", "aux_model", "embedded", "cache", "embeddings",
      "config", "cells"),
     ("tasks", "strategies", "reports", "testing"),
-    ("declared", "catalog", "runner"),
+    ("declared", "catalog", "episode", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),
     ("progress", "summary", "failures", "arguments"),
     ("sweep_tests",),

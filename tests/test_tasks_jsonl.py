@@ -253,7 +253,6 @@ def test_an_agent_trajectory_runs_end_to_end_with_its_calls_unflattened(
     assert sent["messages"] == record["messages"]  # the model got the pair as messages
 
 
-@pytest.mark.xfail(strict=True, reason="runner sends Item.tools: main session")
 def test_an_agent_trajectory_sends_its_tools_with_the_call(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -43,6 +43,10 @@ class CellStats:
     mean_tokens: float | None
     median_model_s: float | None
     token_mismatches: int
+    mean_calls: float | None = None
+    """Model calls per agent episode (None for single-call tasks)."""
+    mean_episode_tokens: float | None = None
+    """Prompt and output tokens an agent episode spent, over its calls."""
 
     @property
     def violation_rate(self) -> float:
@@ -75,7 +79,9 @@ def report_stats(report: Report, rows: Iterable[Mapping[str, Any]]) -> list[Cell
             errors=int(cell["n_error"]), mean_quality=_number(cell["quality_mean"]),
             quality_lo=_number(cell["quality_lo"]), quality_hi=_number(cell["quality_hi"]),
             mean_tokens=_number(cell["tokens_mean"]),
-            median_model_s=_number(cell["model_s_p50"]), token_mismatches=mismatches[key]))
+            median_model_s=_number(cell["model_s_p50"]), token_mismatches=mismatches[key],
+            mean_calls=_number(cell["calls_mean"]),
+            mean_episode_tokens=_number(cell["total_tokens_mean"])))
     return sorted(stats, key=lambda s: (s.task, s.strategy, s.budget))
 
 
@@ -102,6 +108,7 @@ def _stats(
     key: tuple[str, str, int], rows: list[Mapping[str, Any]], resamples: int, seed: int
 ) -> CellStats:
     admitted = [r for r in rows if r["status"] == Status.OK]
+    ran = [r for r in rows if r["status"] in (Status.OK, Status.VIOLATION)]
     scores = [float(r["quality"]) for r in admitted if r.get("quality") is not None]
     lo, hi = _interval(scores, key, resamples, seed)
     return CellStats(
@@ -121,6 +128,9 @@ def _stats(
             statistics.median([float(r["model_s"]) for r in admitted]) if admitted else None
         ),
         token_mismatches=sum(r.get("token_count_match") is False for r in admitted),
+        mean_calls=_mean([float(r["calls"]) for r in ran if r.get("calls") is not None]),
+        mean_episode_tokens=_mean([float(r["total_tokens"]) for r in ran
+                                   if r.get("total_tokens") is not None]),
     )
 
 
@@ -135,17 +145,25 @@ def _ci(s: CellStats) -> str:
 
 
 def format_table(stats: list[CellStats]) -> list[str]:
+    """The table's lines; agent episodes add their calls and tokens per episode (and
+    ``tokens`` is then an episode's largest call, the one the budget bounds)."""
+    episodes = any(s.mean_calls is not None for s in stats)
     header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
               f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
               f"{'errors':>6}")
+    if episodes:
+        header += f" {'calls':>6} {'tok/episode':>11}"
     lines = [header, "-" * len(header)]
     for s in stats:
         name = s.strategy + (" (ref)" if s.reference else "")
-        lines.append(
+        line = (
             f"{name:<22} {s.budget:>7} {s.n:>4} {s.ok:>8} {_fmt(s.mean_quality, '.3f'):>8} "
             f"{_ci(s):>12} {_fmt(s.violation_rate, '.3f'):>9} {_fmt(s.mean_tokens, '.0f'):>8} "
             f"{_fmt(s.median_model_s, '.2f'):>11} {s.errors:>6}"
         )
+        if episodes:
+            line += f" {_fmt(s.mean_calls, '.1f'):>6} {_fmt(s.mean_episode_tokens, '.0f'):>11}"
+        lines.append(line)
     return lines
 
 
