@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.aux_model import RecordedAuxModel
 from pytest_budgetbench.messages import Message, check_tool_pairs, exchanges, text_of
+from pytest_budgetbench.model import Completion
 from pytest_budgetbench.strategies import (
     REGISTRY,
     Strategy,
@@ -24,7 +26,13 @@ from pytest_budgetbench.strategies.observation_masking import ObservationMasking
 from pytest_budgetbench.strategies.pair_truncation import PairTruncation
 from pytest_budgetbench.strategies.plain import plain_strategy_class
 from pytest_budgetbench.strategies.tool_result_clearing import ToolResultClearing
-from pytest_budgetbench.testing import TOOLS, ToolCounter, check_agent_output, check_strategy
+from pytest_budgetbench.testing import (
+    TOOLS,
+    ToolCounter,
+    call_points,
+    check_agent_output,
+    check_strategy,
+)
 from tests.strategy_helpers import ScriptedAux
 
 AGENT_STRATEGIES = [PairTruncation, ObservationMasking, ToolResultClearing, Condenser]
@@ -350,6 +358,28 @@ def test_condenser_makes_no_call_the_budget_cannot_hold() -> None:
     output, aux, _context = condenser_run(messages, budget)
     assert aux.calls == []
     assert tokens.count_messages(output) <= budget and output[-2:] == last
+
+
+class _EchoChat:
+    """A chat backend replying with the first words of the prompt's last message."""
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Any] | None = None) -> Completion:
+        return Completion(" ".join(text_of(messages[-1]).split()[:max_tokens // 2]),
+                          None, max_tokens // 2, 0.01)
+
+
+def test_condenser_calls_are_budgeted_and_recorded_by_the_runners_aux_model() -> None:
+    tokens = counter()
+    messages = episode(steps=12, size=900)
+    budget = tokens.count_messages(messages) // 3
+    aux = RecordedAuxModel(_EchoChat(), tokens, budget, "agent-0000-condenser-1000")
+    strategy = Condenser()
+    strategy.reset(StrategyContext(tokens=tokens, tools=TOOLS, aux=aux))
+    for end in call_points(messages):
+        assert tokens.count_messages(strategy.apply(messages[:end], budget)) <= budget
+    assert aux.calls and {c.purpose for c in aux.calls} == {"condenser"}
+    assert max(c.input_tokens for c in aux.calls) <= budget
 
 
 def test_condenser_without_an_auxiliary_model_says_so() -> None:
