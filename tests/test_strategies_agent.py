@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,3 +427,19 @@ def test_a_plain_strategy_may_declare_that_it_handles_tools() -> None:
     keep_all.handles_tools = True  # type: ignore[attr-defined]
     handled = plain_strategy_class("m:keep_all", keep_all)
     assert handled is not None and tool_refusal(handled) is None
+
+
+# -- through the plugin, on a chat task ----------------------------------------------------
+def test_the_agent_strategies_run_a_chat_sweep_with_their_options(
+        pytester: pytest.Pytester, tmp_path: Path) -> None:
+    from tests.strategy_helpers import graded_sweep
+
+    rows = graded_sweep(pytester, tmp_path, None, 8, "--budgets=512", "--budgetbench-items=2",
+                        "--budgetbench-strategies=pair_truncation,observation_masking,"
+                        "tool_result_clearing,condenser",
+                        "--budgetbench-strategy-options=masking_keep=2,clearing_trigger=0.9,"
+                        "condenser_summary_tokens=64",
+                        "--budgetbench-task-options=history_tokens=1200")
+    condensed = [r for r in rows if r["strategy"] == "condenser"]
+    assert all(r["strategy_info"]["condenser"]["condensations"] == 1 for r in condensed)
+    assert all(call["purpose"] == "condenser" for r in condensed for call in r["aux_calls"])
