@@ -200,7 +200,9 @@ def split_ends(messages: Sequence[Message]) -> tuple[list[Message], list[Message
     """Split a prompt into (leading system messages, history, final user query).
 
     Every strategy keeps the system prompt and the final user query; what it chooses
-    among is the history between them.
+    among is the history between them. An agent's trajectory that ends with tool results
+    has no query (``[]``): its last call and results end the history, and a strategy that
+    drops history must drop them with their call (:func:`exchanges`).
     """
     head_end = 0
     while head_end < len(messages) and messages[head_end].get("role") in ("system", "developer"):

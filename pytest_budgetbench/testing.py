@@ -19,6 +19,23 @@ A strategy conforms when, for generated histories and budgets, it
 4. never mutates its input;
 5. gives the same output for the same input after reset.
 
+A strategy that declares ``handles_tools`` is also run through generated agent episodes
+(:func:`agent_trajectories`: parallel tool calls, content-less calls, giant results, later
+user turns), called at every point where the model is called, as the runner does, with one
+reset per episode. At every call it must
+
+6. break no tool-call pair (``messages.check_tool_pairs``) and return valid messages;
+7. fit the budget whenever the system messages and the last unit (what the model answers
+   now: the last user turn, or the last call with its results) fit, keep the system
+   messages first and end with the last unit unchanged (reference strategies are exempt
+   from fitting);
+8. keep the order of what it keeps, never mutate its input, and give the same outputs
+   for the same episode after reset.
+
+Agent episodes are counted by ``agent_tokens``, by default a :class:`ToolCounter` bound to
+the episode's tools (:data:`TOOLS`), as the runner's counter for an episode is: tool calls
+and tool schemas cost tokens. (``tokens`` counts the chat histories.)
+
 Examples include empty histories, one giant message, non-ASCII text and budgets barely
 above system plus query. The defaults need no model: a deterministic auxiliary model and
 a hashing embedder stand in, both held to the same budget rules as the runner's.
@@ -28,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -37,7 +55,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_budgetbench.budget import ApproxCounter, BudgetCheck, TokenCounter, enforce
-from pytest_budgetbench.messages import Message, split_ends, text_of
+from pytest_budgetbench.messages import (
+    Message,
+    Tool,
+    check_messages,
+    check_tool_pairs,
+    exchanges,
+    split_ends,
+    text_of,
+    tool_calls_of,
+)
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
 
@@ -109,6 +136,105 @@ def histories(draw: st.DrawFn) -> list[Message]:
     return messages
 
 
+class ToolCounter(ApproxCounter):
+    """:class:`ApproxCounter` that also counts each tool call's name and arguments, and,
+    bound to ``tools``, their schemas in every whole prompt: the kind of counter an
+    episode's strategy gets as ``context.tokens``."""
+
+    name = "approx-chars/4+tools"
+
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        super().__init__()
+        self.tools = list(tools)
+
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
+        calls = sum(self._count_text(json.dumps(call.get("function", {})))
+                    for message in messages for call in tool_calls_of(message))
+        schemas = self._count_text(json.dumps(list(tools))) if tools else 0
+        return super()._count_prompt(messages) + calls + schemas
+
+    def count_messages(self, messages: Sequence[Message],
+                       tools: Sequence[Tool] | None = None) -> int:
+        return super().count_messages(messages, tools or self.tools or None)
+
+
+TOOL_NAMES = ("get_weather", "search_files", "book_flight")
+TOOLS: list[Tool] = [
+    {"type": "function", "function": {
+        "name": name, "description": f"The {name} tool.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
+    for name in TOOL_NAMES
+]
+"""The tools of the generated agent episodes."""
+
+
+@st.composite
+def _tool_step(draw: st.DrawFn, first_id: int) -> list[Message]:
+    """An assistant message with 1-3 (parallel) calls, content None or text, and a result
+    per call, sometimes a giant one."""
+    calls = [
+        {"id": f"call_{first_id + k}", "type": "function",
+         "function": {"name": draw(st.sampled_from(TOOL_NAMES)),
+                      "arguments": json.dumps({"query": draw(_content(max_words=6))})}}
+        for k in range(draw(st.integers(1, 3)))
+    ]
+    step: list[Message] = [{"role": "assistant", "tool_calls": calls,
+                            "content": draw(st.one_of(st.none(), _content(max_words=10)))}]
+    for call in calls:
+        if draw(st.integers(0, 5)) == 0:
+            result = " ".join(draw(st.lists(WORDS, min_size=300, max_size=600)))
+        else:
+            result = draw(_content())
+        step.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    return step
+
+
+@st.composite
+def agent_trajectories(draw: st.DrawFn) -> list[Message]:
+    """An agent episode in the OpenAI format: a system message (usually), the first user
+    turn, then 0-10 steps, each tool calls with their results or a reply and the next user
+    turn."""
+    messages: list[Message] = []
+    if draw(st.integers(0, 3)):
+        messages.append({"role": "system", "content": draw(_content(max_words=15))})
+    messages.append({"role": "user", "content": draw(_content(max_words=30))})
+    calls = 0
+    for _ in range(draw(st.integers(0, 10))):
+        if draw(st.integers(0, 3)):
+            step = draw(_tool_step(calls))
+            calls += len(step) - 1
+            messages += step
+        else:
+            messages += [{"role": "assistant", "content": draw(_content(max_words=20))},
+                         {"role": "user", "content": draw(_content(max_words=20)) + "?"}]
+    return messages
+
+
+def call_points(messages: Sequence[Message]) -> list[int]:
+    """The lengths of the trajectory at which the runner calls the model: after a user turn
+    or a step's last tool result (where an assistant message follows, or at the end)."""
+    return [
+        end for end in range(1, len(messages) + 1)
+        if messages[end - 1].get("role") in ("user", "tool")
+        and (end == len(messages) or messages[end].get("role") == "assistant")
+    ]
+
+
+def last_unit(messages: Sequence[Message]) -> list[Message]:
+    """What the model answers now: the last user turn, or the last call with its results."""
+    head, _history, _query = split_ends(messages)
+    units = exchanges(messages[len(head):])
+    return units[-1] if units else []
+
+
+def agent_floor(tokens: TokenCounter, messages: Sequence[Message]) -> int:
+    """Tokens of the system messages and the last unit alone: below this no strategy can
+    fit a call of the episode."""
+    head, _history, _query = split_ends(messages)
+    return tokens.count_messages([*head, *last_unit(messages)])
+
+
 def floor_tokens(tokens: TokenCounter, messages: Sequence[Message]) -> int:
     """Tokens of system plus query alone: below this no strategy can fit."""
     head, _history, query = split_ends(messages)
@@ -136,12 +262,36 @@ def check_output(
         assert counted <= budget, f"'{name}' sent {counted} tokens over budget {budget}"
     for kept in head + query:
         assert kept in output, f"'{name}' dropped the {kept['role']} message {kept!r:.60}"
+    _check_order(name, messages, output)
+
+
+def _check_order(name: str, messages: list[Message], output: list[Message]) -> None:
     cursor = 0  # kept messages must form a subsequence of the input (duplicates allowed)
     for message in output:
         if message not in messages:
             continue  # rewritten content (e.g. compression) has no input position
         assert message in messages[cursor:], f"'{name}' reordered the messages it kept"
         cursor = messages.index(message, cursor) + 1
+
+
+def check_agent_output(
+    strategy: Strategy, messages: list[Message], budget: int, output: list[Message],
+    tokens: TokenCounter,
+) -> None:
+    """Assert properties 6-7 and the order of property 8 on one call's output."""
+    name = strategy.name
+    check_messages(output, f"'{name}'")
+    check_tool_pairs(output, f"'{name}'")
+    head, _history, _query = split_ends(messages)
+    last = last_unit(messages)
+    if agent_floor(tokens, messages) <= budget:
+        if not strategy.reference:
+            counted = tokens.count_messages(output)
+            assert counted <= budget, f"'{name}' sent {counted} tokens over budget {budget}"
+        assert output[:len(head)] == head, f"'{name}' did not open with the system messages"
+        assert output[len(output) - len(last):] == last, (
+            f"'{name}' did not end with the last unit {last!r:.80}")
+    _check_order(name, messages, output)
 
 
 def strategy_factory(target: Any) -> Callable[[], Strategy]:
@@ -167,9 +317,11 @@ def check_strategy(
     tokens: TokenCounter | None = None,
     context_factory: Callable[[TokenCounter, int], StrategyContext] = default_context,
     max_examples: int = 60,
+    agent_tokens: TokenCounter | None = None,
 ) -> None:
     """Run the conformance properties with generated inputs on the strategy ``factory``
-    names: a Strategy class, a plain callable strategy, or a factory of either."""
+    names: a Strategy class, a plain callable strategy, or a factory of either; agent
+    episodes too when it declares ``handles_tools``."""
     counter = tokens or ApproxCounter()
     make = strategy_factory(factory)
 
@@ -181,6 +333,54 @@ def check_strategy(
         _check_one(make, messages, budget, counter, context_factory)
 
     run()
+    if make().handles_tools:
+        check_agent_episodes(make, tokens=agent_tokens, context_factory=context_factory,
+                             max_examples=max_examples)
+
+
+def check_agent_episodes(
+    factory: Callable[..., Any],
+    *,
+    tokens: TokenCounter | None = None,
+    context_factory: Callable[[TokenCounter, int], StrategyContext] = default_context,
+    max_examples: int = 60,
+) -> None:
+    """Properties 6-8 on generated agent episodes (whatever ``handles_tools`` says)."""
+    counter = tokens or ToolCounter(TOOLS)
+    make = strategy_factory(factory)
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(messages=agent_trajectories(),
+           slack=st.one_of(st.integers(0, 8), st.integers(0, 400), st.integers(0, 3000)))
+    def run(messages: list[Message], slack: int) -> None:
+        budget = agent_floor(counter, messages) + slack
+        _check_episode(make, messages, budget, counter, context_factory)
+
+    run()
+
+
+def _check_episode(
+    factory: Callable[[], Strategy],
+    messages: list[Message],
+    budget: int,
+    counter: TokenCounter,
+    context_factory: Callable[[TokenCounter, int], StrategyContext],
+) -> None:
+    """One episode, the strategy called at every call point with the trajectory so far."""
+    strategy = factory()
+    pristine = copy.deepcopy(messages)
+    strategy.reset(context_factory(counter, budget))
+    outputs = []
+    for end in call_points(messages):
+        output = strategy.apply(messages[:end], budget)
+        check_agent_output(strategy, messages[:end], budget, output, counter)
+        outputs.append(output)
+    assert messages == pristine, f"'{strategy.name}' mutated its input"
+    strategy.reset(context_factory(counter, budget))
+    again = [strategy.apply(copy.deepcopy(pristine[:end]), budget)
+             for end in call_points(pristine)]
+    assert again == outputs, f"'{strategy.name}' gave different outputs after reset"
 
 
 def _check_one(
@@ -202,12 +402,20 @@ def _check_one(
 
 
 __all__: list[Any] = [
+    "TOOLS",
     "EchoAuxModel",
     "HashingEmbedder",
+    "ToolCounter",
+    "agent_floor",
+    "agent_trajectories",
+    "call_points",
+    "check_agent_episodes",
+    "check_agent_output",
     "check_output",
     "check_strategy",
     "default_context",
     "floor_tokens",
     "histories",
+    "last_unit",
     "strategy_factory",
 ]

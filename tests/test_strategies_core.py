@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, check_tool_pairs
 from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strategy
 from pytest_budgetbench.strategies.full_context import FullContext
 from pytest_budgetbench.strategies.truncation import Truncation
@@ -102,6 +102,23 @@ def test_truncation_never_exceeds_a_feasible_budget(messages: list[Message], sla
     if len(kept) < len(history):
         longer = [messages[0], *history[len(history) - len(kept) - 1:], messages[-1]]
         assert tokens.count_messages(longer) > budget
+
+
+def test_truncation_drops_a_tool_call_with_its_results() -> None:
+    tokens = ApproxCounter()
+    calls = [{"id": f"c{k}", "type": "function",
+              "function": {"name": "lookup", "arguments": "{}"}} for k in range(3)]
+    step = [{"role": "assistant", "content": None, "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": f"c{k}", "content": f"result {k} " * 20}
+              for k in range(3))]
+    messages = _conversation(turns=1)[:-1] + step + _conversation(turns=1)[1:]
+    head, query = messages[:1], messages[-1:]
+    # Room for the last two results but not the call: the call goes, and its results too.
+    budget = tokens.count_messages(head + step[-2:] + messages[-3:])
+    output = run_strategy(Truncation(), messages, budget, tokens)
+    assert output == head + messages[-3:-1] + query
+    check_tool_pairs(output, "truncation")
+    assert Truncation.handles_tools and FullContext.handles_tools
 
 
 def test_truncation_declarations() -> None:

@@ -22,6 +22,8 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "load_strategy",
+    "tool_refusal",
+    "tool_strategies",
 ]
 
 # Built-ins resolve without entry-point metadata, so a source checkout works too.
@@ -33,6 +35,12 @@ REGISTRY: Registry[Strategy] = Registry(
     builtin={
         "full_context": "pytest_budgetbench.strategies.full_context:FullContext",
         "truncation": "pytest_budgetbench.strategies.truncation:Truncation",
+        "pair_truncation": "pytest_budgetbench.strategies.pair_truncation:PairTruncation",
+        "observation_masking":
+            "pytest_budgetbench.strategies.observation_masking:ObservationMasking",
+        "tool_result_clearing":
+            "pytest_budgetbench.strategies.tool_result_clearing:ToolResultClearing",
+        "condenser": "pytest_budgetbench.strategies.condenser:Condenser",
         "rag": "pytest_budgetbench.strategies.rag:Rag",
         "lean_retrieval": "pytest_budgetbench.strategies.lean_retrieval:LeanRetrieval",
         "summary_buffer": "pytest_budgetbench.strategies.summary_buffer:SummaryBuffer",
@@ -60,3 +68,28 @@ def load_strategy(spec: str) -> Strategy:
     if not strategy.name:
         raise ConfigError(f"strategy '{spec}' has no name: set the class attribute 'name'")
     return strategy
+
+
+def tool_strategies() -> list[str]:
+    """The built-in strategies that handle tool calls (``Strategy.handles_tools``), sorted;
+    one that cannot be imported here is left out."""
+    names = []
+    for name in REGISTRY.builtin:
+        try:
+            if REGISTRY.resolve(name).handles_tools:
+                names.append(name)
+        except ConfigError:
+            continue
+    return sorted(names)
+
+
+def tool_refusal(strategy: type[Strategy] | Strategy) -> str | None:
+    """Why ``strategy`` cannot run a task whose items carry tools, in one line, or None
+    when it handles tool calls."""
+    if strategy.handles_tools:
+        return None
+    return (
+        f"strategy '{strategy.name}' does not handle tool calls (it may send a call "
+        "without its result; one that never does declares handles_tools = True); "
+        f"use one of: {', '.join(tool_strategies())}"
+    )

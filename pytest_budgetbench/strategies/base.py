@@ -118,6 +118,11 @@ class Strategy(ABC):
     uses_embedder: ClassVar[bool] = False
     """Whether the strategy calls ``context.embedder``: the run's embedding model and
     backend then add their packages to :attr:`requires`."""
+    handles_tools: ClassVar[bool] = False
+    """Whether the strategy takes a history with tool calls (an agent's trajectory) and
+    never breaks a call from its results (``messages.check_tool_pairs``). A sweep refuses a
+    task with tools x a strategy without it before any cell
+    (:func:`~pytest_budgetbench.strategies.tool_refusal`)."""
 
     context: StrategyContext
 

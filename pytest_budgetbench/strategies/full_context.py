@@ -12,6 +12,7 @@ class FullContext(Strategy):
     name = "full_context"
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
     reference = True
+    handles_tools = True
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         return [dict(m) for m in messages]

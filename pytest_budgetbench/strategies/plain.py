@@ -3,9 +3,10 @@
 A function, an object with ``__call__`` (and optionally ``reset()``), or a class whose
 instances are such objects, named by ``module:attr`` or an entry point, is wrapped in a
 :class:`PlainStrategy` subclass with the declared defaults: regimes local-only and
-reset-per-item, not a reference, no options. The callable may set ``name``, ``regimes``
-(``Regime`` values or their text) and ``reference`` as attributes to say otherwise; its
-name is otherwise the attribute it was imported as (``mymod:keep_last`` -> ``keep_last``).
+reset-per-item, not a reference, no options, no tool calls. The callable may set ``name``,
+``regimes`` (``Regime`` values or their text), ``reference`` and ``handles_tools`` as
+attributes to say otherwise; its name is otherwise the attribute it was imported as
+(``mymod:keep_last`` -> ``keep_last``).
 
 Each wrapper instance calls a class's fresh instance; a function or an object is shared by
 every wrapper (every thread under --budgetbench-concurrency), so keep per-item state in a
@@ -81,6 +82,7 @@ def plain_strategy_class(spec: str, obj: object) -> type[Strategy] | None:
         "target": staticmethod(obj) if inspect.isfunction(obj) else obj,
         "make": isinstance(obj, type),
         "reference": bool(getattr(obj, "reference", False)),
+        "handles_tools": bool(getattr(obj, "handles_tools", False)),
         "__doc__": f"The plain strategy {spec}, wrapped.",
     }
     if regimes is not None:

@@ -2,33 +2,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_budgetbench.messages import Message, split_ends
+from pytest_budgetbench.messages import Message, exchanges, split_ends
+from pytest_budgetbench.strategies._agent import fit_newest
 from pytest_budgetbench.strategies.base import Regime, Strategy
 
 
 class Truncation(Strategy):
     """Keep the system prompt and the final query, then the newest history that fits.
 
-    Each message is counted once (cached by content), and the running sum is checked
-    against the exact count of the assembled prompt, dropping one more message if a
-    template ever makes the sum an underestimate.
+    The history is dropped in whole units (``messages.exchanges``): a tool call goes with
+    its results, so a trajectory keeps its pairs. Each message is counted once (cached by
+    content), and the running sum is checked against the exact count of the assembled
+    prompt, dropping one more unit if a template ever makes the sum an underestimate.
     """
 
     name = "truncation"
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
+    handles_tools = True
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
-        tokens = self.context.tokens
         head, history, query = split_ends(messages)
-        used = tokens.overhead() + sum(tokens.count_message(m) for m in head + query)
-        start = len(history)
-        while start > 0:
-            cost = tokens.count_message(history[start - 1])
-            if used + cost > budget:
-                break
-            used += cost
-            start -= 1
-        kept = history[start:]
-        while kept and tokens.count_messages(head + kept + query) > budget:
-            kept = kept[1:]
-        return [dict(m) for m in head + kept + query]
+        return fit_newest(self.context.tokens, head, exchanges(history), budget,
+                          back=query, always=0)
