@@ -225,8 +225,28 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
     a DataError or ConfigError naming the file)."""
     for task in catalog.names:
         catalog.items(task)
+    _check_tool_strategies(settings, catalog)
     check_not_empty(settings, cells)
     _check_baseline(settings, cells)
+
+
+def _check_tool_strategies(settings: Settings, catalog: Catalog) -> None:
+    """A task whose items are an agent's (episodes, or tool calls in own data) runs only
+    with strategies that keep tool-call pairs whole: the others are refused here, in one
+    line, rather than on every cell."""
+    from pytest_budgetbench.strategies import tool_refusal
+    from pytest_budgetbench.tasks import EpisodicTask
+
+    agentic = [name for name in catalog.names
+               if isinstance(catalog.task(name), EpisodicTask)
+               or any(item.carries_tools for item in catalog.items(name))]
+    if not agentic:
+        return
+    for cls in strategy_classes(settings.strategies).values():
+        refusal = tool_refusal(cls)
+        if refusal is not None:
+            raise ConfigError(f"{refusal} (task '{agentic[0]}' is an agent's: its items "
+                              "carry tool calls)")
 
 
 def check_not_empty(settings: Settings, cells: list[Cell]) -> None:

@@ -181,3 +181,29 @@ def test_regrade_grades_an_episode_from_its_recorded_trajectory_without_a_model_
     (run_dir / "episodes.jsonl").unlink()
     with pytest.raises(DataError, match=r"has no trajectory in episodes\.jsonl"):
         regrade_run(run_dir, tmp_path / "again")
+
+
+@pytest.mark.parametrize("spread", [["-n", "2"], ["--budgetbench-concurrency=3"]])
+def test_episodes_under_xdist_and_concurrency_give_one_row_a_cell_and_the_same_outcome(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path, spread: list[str]
+) -> None:
+    args = lookup_args(agent, tmp_path, "--budgets=8192,900", *spread)
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    rows = rows_of(tmp_path)
+    assert len(rows) == len({row["cell_id"] for row in rows}) == 8
+    assert set(episodes_of(tmp_path)) == {row["cell_id"] for row in rows}
+    by_cell = {(row["strategy"], row["budget"]): row["quality"] for row in rows
+               if row["status"] == "ok" and row["item_id"] == "0000"}
+    assert by_cell[("full_context", 8192)] == 1.0
+
+
+def test_a_strategy_that_does_not_handle_tool_calls_is_refused_before_any_cell(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192",
+                                             "--budgetbench-strategies=full_context,rag"))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*strategy 'rag' does not handle tool calls*use one of:*"
+                                 "observation_masking*(task 'agent_lookup' is an agent's*"])
+    assert agent.requests == []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, Requirement
-from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.messages import Message, Tool, tool_calls_of
 from pytest_budgetbench.options import DataFile, Option, positive_int
 
 if TYPE_CHECKING:
@@ -43,6 +43,12 @@ class Item:
     tools: tuple[Tool, ...] = ()
     """Tools sent with the item's model call (and counted with its prompt): an agent's
     tools when ``messages`` is a trajectory with tool calls; empty for most tasks."""
+
+    @property
+    def carries_tools(self) -> bool:
+        """Whether the item is an agent's: it has tools, tool calls or tool results."""
+        return bool(self.tools) or any(
+            message.get("role") == "tool" or tool_calls_of(message) for message in self.messages)
 
 
 @dataclass(frozen=True)
