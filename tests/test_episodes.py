@@ -202,8 +202,8 @@ def test_a_strategy_that_does_not_handle_tool_calls_is_refused_before_any_cell(
     pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
 ) -> None:
     result = pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192",
-                                             "--budgetbench-strategies=full_context,rag"))
+                                             "--budgetbench-strategies=full_context,summary_buffer"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*strategy 'rag' does not handle tool calls*use one of:*"
+    result.stderr.fnmatch_lines(["*strategy 'summary_buffer' does not handle tool calls*use one of:*"
                                  "observation_masking*(task 'agent_lookup' is an agent's*"])
     assert agent.requests == []

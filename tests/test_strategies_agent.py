@@ -29,6 +29,7 @@ from pytest_budgetbench.strategies.plain import plain_strategy_class
 from pytest_budgetbench.strategies.tool_result_clearing import ToolResultClearing
 from pytest_budgetbench.testing import (
     TOOLS,
+    HashingEmbedder,
     ToolCounter,
     call_points,
     check_agent_output,
@@ -70,6 +71,7 @@ def counter() -> ToolCounter:
 
 def run(strategy: Strategy, messages: Sequence[Message], budget: int,
         tokens: ToolCounter | None = None, **context: Any) -> list[Message]:
+    context.setdefault("embedder_factory", HashingEmbedder)
     strategy.reset(StrategyContext(tokens=tokens or counter(), tools=TOOLS, **context))
     return strategy.apply(messages, budget)
 
@@ -394,7 +396,8 @@ def test_condenser_without_an_auxiliary_model_says_so() -> None:
 # -- every built-in strategy on a tool history -------------------------------------------
 def test_the_tool_strategies_are_the_ones_that_declare_it() -> None:
     assert tool_strategies() == ["condenser", "full_context", "observation_masking",
-                                 "pair_truncation", "tool_result_clearing", "truncation"]
+                                 "pair_truncation", "rag", "tool_result_clearing",
+                                 "truncation"]
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY.builtin))
@@ -443,3 +446,19 @@ def test_the_agent_strategies_run_a_chat_sweep_with_their_options(
     condensed = [r for r in rows if r["strategy"] == "condenser"]
     assert all(r["strategy_info"]["condenser"]["condensations"] == 1 for r in condensed)
     assert all(call["purpose"] == "condenser" for r in condensed for call in r["aux_calls"])
+
+
+def test_rag_on_a_trajectory_keeps_the_units_most_like_the_latest_request() -> None:
+    """Over budget, rag keeps the front, the last unit, and the earlier steps whose text
+    is nearest the latest user turn (the hashing embedder ranks by shared words)."""
+    tokens = counter()
+    messages = [*episode(steps=6), {"role": "user", "content": "Which city was warmest?"},
+                *step(6)]
+    budget = tokens.count_messages(messages) // 2
+    output = run(load_strategy("rag"), messages, budget, tokens)
+    check_tool_pairs(output, "rag")
+    assert tokens.count_messages(output) <= budget
+    assert output[:2] == messages[:2] and output[-2:] == messages[-2:]
+    assert len(output) < len(messages)
+    kept = [m for m in output if m in messages]
+    assert kept == output  # nothing rewritten, only whole units left out, order kept

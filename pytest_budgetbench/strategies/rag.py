@@ -18,6 +18,12 @@ Units of one message packed together become one message with the original role, 
 by the original text between neighbours and by ``" […] "`` across left-out text, with a
 ``[…]`` marker where the message's beginning or end is missing; a message whose units were
 all kept is sent unchanged (see :mod:`~pytest_budgetbench.strategies._packing`).
+
+An agent's trajectory (tool calls and results) is retrieved by whole units instead
+(``messages.exchanges``: a call with its results, or one message), so no pair is ever
+broken: the system messages, the first user turn and the last unit (what the model answers
+now) are kept, the other units are ranked by similarity to the latest user turn, packed
+best first into the room left, and sent in their order.
 """
 
 from __future__ import annotations
@@ -30,7 +36,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_budgetbench.errors import MissingDependency, Requirement
-from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.messages import Message, text_of, tool_calls_of
+from pytest_budgetbench.strategies._agent import (
+    Trajectory,
+    Unit,
+    fit_agent,
+    split_trajectory,
+    unit_cost,
+)
 from pytest_budgetbench.strategies._chunking import Chunking, Piece, piece_text
 from pytest_budgetbench.strategies._packing import ChunkRanking, units_by_chunk_order
 from pytest_budgetbench.strategies.base import Regime
@@ -121,6 +134,22 @@ class ChunkStore:
 STORE = ChunkStore()
 
 
+def latest_request(messages: Sequence[Message]) -> str:
+    """The text of the newest user turn: what an agent is working on now."""
+    return next((text_of(m) for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def unit_text(unit: Unit) -> str:
+    """What a unit says, for embedding: its text, and each call as ``name(arguments)``."""
+    parts: list[str] = []
+    for message in unit:
+        parts.extend(f"{call.get('function', {}).get('name')}("
+                     f"{call.get('function', {}).get('arguments')})"
+                     for call in tool_calls_of(message))
+        parts.append(text_of(message))
+    return "\n".join(part for part in parts if part)
+
+
 def unit_vector(vector: Sequence[float]) -> list[float]:
     """``vector`` scaled to length 1 (any embedder's vectors then rank by cosine)."""
     norm = math.sqrt(sum(x * x for x in vector)) or 1.0
@@ -134,6 +163,43 @@ class Rag(ChunkRanking):
     requires = (Requirement("chromadb", "retrieval"),)
     uses_embedder = True
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
+    handles_tools = True
+
+    def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+        if not any(m.get("role") == "tool" or tool_calls_of(m) for m in messages):
+            return super().apply(messages, budget)
+        tokens = self.context.tokens
+        if tokens.count_messages(messages) <= budget:
+            return [dict(m) for m in messages]
+        trajectory = split_trajectory(messages)
+        if len(trajectory.units) <= 1:
+            return fit_agent(tokens, trajectory, trajectory.units, budget)
+        return self._retrieve_units(trajectory, latest_request(messages), budget)
+
+    def _retrieve_units(self, trajectory: Trajectory, query: str, budget: int) -> list[Message]:
+        """The front, the units most similar to ``query`` that fit, and the last unit."""
+        tokens = self.context.tokens
+        earlier, last = trajectory.units[:-1], trajectory.units[-1]
+        front = next((f for f in (trajectory.front, trajectory.head)
+                      if tokens.count_messages([*f, *last]) <= budget), trajectory.head)
+        embedder = self.context.embedder
+        texts = [unit_text(unit) for unit in earlier]
+        vectors = embedder.embed([*texts, query])
+        collection = STORE.collection(embedder.name, texts, vectors[:-1])
+        ranked = STORE.nearest(collection, vectors[-1], len(texts))
+        used = tokens.count_messages([*front, *last])
+        chosen: list[int] = []
+        for index in ranked:
+            cost = unit_cost(tokens, earlier[index])
+            if used + cost <= budget:
+                chosen.append(index)
+                used += cost
+        while True:  # planned on per-message counts: the exact count has the last word
+            kept = [earlier[index] for index in sorted(chosen)]
+            prompt = [dict(m) for m in [*front, *(m for u in kept for m in u), *last]]
+            if not chosen or tokens.count_messages(prompt) <= budget:
+                return prompt
+            chosen.pop()  # the least similar goes first
 
     def rank(self, history: Sequence[Message], chunking: Chunking, query: str) -> list[Piece]:
         """Units by their chunk most similar to ``query``; newest first without a query."""
