@@ -201,9 +201,10 @@ def test_episodes_under_xdist_and_concurrency_give_one_row_a_cell_and_the_same_o
 def test_a_strategy_that_does_not_handle_tool_calls_is_refused_before_any_cell(
     pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
 ) -> None:
-    result = pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192",
-                                             "--budgetbench-strategies=full_context,summary_buffer"))
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192", "--budgetbench-strategies=full_context,summary_buffer"))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*strategy 'summary_buffer' does not handle tool calls*use one of:*"
-                                 "observation_masking*(task 'agent_lookup' is an agent's*"])
+    result.stderr.fnmatch_lines(["*strategy 'summary_buffer' does not handle tool calls*"
+                                 "use one of:*observation_masking*"
+                                 "(task 'agent_lookup' is an agent's*"])
     assert agent.requests == []
