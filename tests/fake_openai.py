@@ -20,6 +20,10 @@ HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
 ``Authorization`` header back, as some servers do. ``queries`` holds each request's query
 string, so tests can check that an endpoint's ``?key=…`` reaches the server, and
 ``authorizations`` each request's ``Authorization`` header ("" when none).
+
+A responder returns the reply's text, or a dict of the assistant message's fields
+(``{"content": None, "tool_calls": [...]}``) for a reply with tool calls. Usage counts a
+request's ``tools`` too.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any, TypeVar
 from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import text_of
 
-Responder = Callable[[list[dict[str, Any]]], str]
+Responder = Callable[[list[dict[str, Any]]], "str | dict[str, Any]"]
 T = TypeVar("T")
 
 
@@ -209,8 +213,8 @@ class FakeOpenAI:
                 counter = ApproxCounter()
                 routes = fake.tokenize_routes
                 if path == "/tokenize" and "vllm" in routes and "model" in payload:
-                    count = (counter.count_messages(payload["messages"]) if "messages" in payload
-                             else counter.count_text(payload["prompt"]))
+                    count = (counter.count_messages(payload["messages"], payload.get("tools"))
+                             if "messages" in payload else counter.count_text(payload["prompt"]))
                     self._send(200, json.dumps({"count": count}).encode())
                 elif path == "/tokenize" and "llama.cpp" in routes:
                     # Like llama.cpp's server: no "content", no tokens (and still 200).
@@ -264,13 +268,15 @@ class FakeOpenAI:
 
             def _completion(self, payload: dict[str, Any]) -> bytes:
                 messages = payload["messages"]
-                text = fake.responder(messages)
-                prompt_tokens = ApproxCounter().count_messages(messages)
+                reply = fake.responder(messages)
+                message = {"role": "assistant",
+                           **(reply if isinstance(reply, dict) else {"content": reply})}
+                prompt_tokens = ApproxCounter().count_messages(messages, payload.get("tools"))
                 return json.dumps({
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
                     "model": fake.model,
                     "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
+                                 "message": message}],
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 3,
                               "total_tokens": prompt_tokens + 3},
                 }).encode()
