@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.errors import BudgetExceeded, RequestTimeout, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
-from pytest_budgetbench.messages import Message, Tool, text_of
+from pytest_budgetbench.messages import Message, Tool, as_sent, text_of, tool_calls_of
 
 # A fixed system message that per-message counts are measured against (see count_message).
 _ANCHOR: Message = {"role": "system", "content": "."}
@@ -67,8 +67,57 @@ def _image_cost(messages: Sequence[Message]) -> int:
 
 
 def _text_only(messages: Sequence[Message]) -> list[Message]:
-    """Messages with image parts reduced to their text, for templates that expect strings."""
+    """Messages with image parts reduced to their text, for templates that expect strings;
+    every other key (``tool_calls``, ``tool_call_id``, ``name``) kept."""
     return [{**m, "content": text_of(m)} if image_parts(m) else m for m in messages]
+
+
+def tools_text(tools: Sequence[Tool]) -> str:
+    """The tools as JSON text: what a counter without the template counts for them."""
+    return json.dumps(list(tools), ensure_ascii=False)
+
+
+def _calls_text(message: Message) -> str:
+    """A message's tool calls as JSON text, for counters that estimate ("" for none)."""
+    calls = tool_calls_of(message)
+    return json.dumps(calls, ensure_ascii=False) if calls else ""
+
+
+_PLAIN_KEYS = frozenset({"role", "content"})
+
+
+def served_by_llama_cpp(
+    messages: Sequence[Message], tools: Sequence[Tool] | None = None
+) -> tuple[list[Message], list[Tool] | None]:
+    """``messages`` and ``tools`` as llama-cpp-python's server hands them to the chat
+    template (:func:`~pytest_budgetbench.messages.as_sent`, the form ChatModel sends).
+
+    The server validates the request with its pydantic model and renders the dump: keys its
+    types do not name are dropped (a message's ``name``, a function's ``strict``), the rest
+    come in its types' order (a tool's ``name``, ``description``, ``parameters``: a template
+    that writes ``tool | tojson`` shows it), and what they refuse is an error. A prompt of
+    plain messages without tools comes out as it went in, so only others go through it.
+    Without the server extra installed, the prompt is rendered as given.
+    """
+    sent = as_sent(messages)
+    if not tools and all(message.keys() <= _PLAIN_KEYS for message in sent):
+        return sent, None
+    try:
+        from llama_cpp.server.types import CreateChatCompletionRequest
+    except ImportError:  # no server extra: no server of this kind to match
+        return sent, list(tools) if tools else None
+    try:
+        request = CreateChatCompletionRequest.model_validate(
+            {"messages": sent, "tools": list(tools) if tools else None})
+    except ValueError as exc:  # pydantic's ValidationError: the server answers 500
+        from pytest_budgetbench.redact import first_line
+
+        raise TokenizerError(
+            f"llama-cpp-python's server refuses this prompt ({first_line(exc)}); its "
+            "messages and tools must be the chat API's (see messages.check_messages)"
+        ) from None
+    dumped = request.model_dump(include={"messages", "tools"})
+    return dumped["messages"], dumped["tools"]
 
 
 PROMPT_CACHE_SIZE = 4096
@@ -243,6 +292,15 @@ class TokenCounter(ABC):
         that render each message independently (ChatML and most others)."""
         return self.overhead() + sum(self.count_message(m) for m in messages)
 
+    def with_tools(self, tools: Sequence[Tool] | None) -> TokenCounter:
+        """This counter as seen by a prompt sent with ``tools``: its :meth:`count_messages`,
+        :meth:`count_whole`, :meth:`overhead` and :meth:`estimate` count the tool schemas
+        too, so a strategy that plans with it plans for them; all else is this counter's
+        (caches, store, name, exactness). Without tools, this counter itself."""
+        if not tools:
+            return self
+        return ToolsCounter(self, tools)
+
     def additivity(self) -> Additivity:
         """Where this counter's prompts may be counted from their messages, verified on the
         first call by probe prompts (framing.verify_additivity) and kept: for the process
@@ -285,10 +343,94 @@ class TokenCounter(ABC):
         return cached
 
 
-def framed_estimate(messages: Sequence[Message], count_text: Callable[[str], int]) -> int:
+class ToolsCounter(TokenCounter):
+    """``counter`` with ``tools`` sent beside every prompt (:meth:`TokenCounter.with_tools`).
+
+    Its prompt counts include the tools; its :meth:`overhead` is the wrapped counter's
+    measure taken with them (the anchor prompt counted whole with the tools, less the
+    anchor's own count), so :meth:`estimate` carries their cost. Per-message and text
+    counts, their caches and store, the name and exactness are the wrapped counter's.
+    """
+
+    def __init__(self, counter: TokenCounter, tools: Sequence[Tool]) -> None:
+        # No super().__init__(): every cache is the wrapped counter's.
+        self._counter = counter
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self._tools_overhead: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self._counter.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._counter.name = value
+
+    @property
+    def exact(self) -> bool:
+        return self._counter.exact
+
+    @exact.setter
+    def exact(self, value: bool) -> None:
+        self._counter.exact = value
+
+    @property
+    def count_space(self) -> str | None:
+        return self._counter.count_space
+
+    def keep_counts_in(self, store: CountStore) -> None:
+        self._counter.keep_counts_in(store)
+
+    def save_counts(self) -> None:
+        self._counter.save_counts()
+
+    def with_tools(self, tools: Sequence[Tool] | None) -> TokenCounter:
+        return self._counter.with_tools(tools)
+
+    def _given(self, tools: Sequence[Tool] | None) -> Sequence[Tool]:
+        return self.tools if tools is None else tools
+
+    def _count_prompt(self, messages: Sequence[Message],
+                      tools: Sequence[Tool] | None = None) -> int:
+        return self._counter._count_prompt(messages, self._given(tools))
+
+    def _count_text(self, text: str) -> int:
+        return self._counter._count_text(text)
+
+    def count_messages(self, messages: Sequence[Message],
+                       tools: Sequence[Tool] | None = None) -> int:
+        return self._counter.count_messages(messages, self._given(tools))
+
+    def count_whole(self, messages: Sequence[Message],
+                    tools: Sequence[Tool] | None = None) -> int:
+        return self._counter.count_whole(messages, self._given(tools))
+
+    def count_text(self, text: str) -> int:
+        return self._counter.count_text(text)
+
+    def count_message(self, message: Message) -> int:
+        return self._counter.count_message(message)
+
+    def overhead(self) -> int:
+        if self._tools_overhead is None:
+            self._tools_overhead = (self._counter.count_whole([_ANCHOR], self.tools)
+                                    - self._counter.count_message(_ANCHOR))
+        return self._tools_overhead
+
+    def additivity(self) -> Additivity:
+        return self._counter.additivity()
+
+    def framing(self, messages: Sequence[Message]) -> int | None:
+        return None  # a prompt with tools is counted whole
+
+
+def framed_estimate(messages: Sequence[Message], count_text: Callable[[str], int],
+                    tools: Sequence[Tool] | None = None) -> int:
     """Content tokens plus a guessed template cost (4 per message, 3 per prompt), for
-    counters that have no chat template to render."""
-    return 3 + sum(4 + count_text(text_of(m)) for m in messages) + _image_cost(messages)
+    counters that have no chat template to render; a message's tool calls and the
+    ``tools`` count as their JSON text."""
+    return (3 + sum(4 + count_text(text_of(m) + _calls_text(m)) for m in messages)
+            + (count_text(tools_text(tools)) if tools else 0) + _image_cost(messages))
 
 
 class ApproxCounter(TokenCounter):
@@ -302,7 +444,7 @@ class ApproxCounter(TokenCounter):
 
     def _count_prompt(self, messages: Sequence[Message],
                       tools: Sequence[Tool] | None = None) -> int:
-        return framed_estimate(messages, self._count_text)
+        return framed_estimate(messages, self._count_text, tools)
 
     def _counts_like(self) -> Hashable:
         return "chars/4"
@@ -361,13 +503,17 @@ class GGUFCounter(TokenCounter):
             return ""
         return self._llama.detokenize([token], special=True).decode("utf-8", errors="ignore")
 
-    def render(self, messages: Sequence[Message]) -> tuple[str, bool]:
-        result = self._formatter(messages=list(messages))  # type: ignore[arg-type]
+    def render(self, messages: Sequence[Message],
+               tools: Sequence[Tool] | None = None) -> tuple[str, bool]:
+        """The prompt as llama-cpp-python's server renders it (:func:`served_by_llama_cpp`),
+        and whether the template added the special tokens itself."""
+        sent, sent_tools = served_by_llama_cpp(messages, tools)
+        result = self._formatter(messages=sent, tools=sent_tools)  # type: ignore[arg-type]
         return result.prompt, bool(result.added_special)
 
     def _count_prompt(self, messages: Sequence[Message],
                       tools: Sequence[Tool] | None = None) -> int:
-        prompt, added_special = self.render(_text_only(messages))
+        prompt, added_special = self.render(_text_only(messages), tools)
         tokens = self._llama.tokenize(
             prompt.encode("utf-8"), add_bos=not added_special, special=True
         )
@@ -421,9 +567,11 @@ class HFCounter(TokenCounter):
     def _count_prompt(self, messages: Sequence[Message],
                       tools: Sequence[Tool] | None = None) -> int:
         if not self.exact:
-            return framed_estimate(messages, self._count_text)
+            return framed_estimate(messages, self._count_text, tools)
+        # Content as text; every other key (tool_calls, tool_call_id, name) as sent.
         ids: Any = self._tok.apply_chat_template(
-            [{"role": m["role"], "content": text_of(m)} for m in messages],
+            [{**m, "content": text_of(m)} if "content" in m else m for m in as_sent(messages)],
+            tools=list(tools) if tools else None,
             tokenize=True,
             add_generation_prompt=True,
         )
@@ -568,9 +716,13 @@ class ServerCounter(TokenCounter):
         if self._route is None:
             self._discover()
         if self._route == "/extras/tokenize":
-            return framed_estimate(messages, self._count_text)
-        return self._post({"model": self._model, "messages": list(messages),
-                           "add_generation_prompt": True})
+            # Text in: the template's cost, the tools' rendering included, is estimated.
+            return framed_estimate(messages, self._count_text, tools)
+        payload: dict[str, Any] = {"model": self._model, "messages": as_sent(messages),
+                                   "add_generation_prompt": True}
+        if tools:
+            payload["tools"] = list(tools)
+        return self._post(payload)
 
     def _count_text(self, text: str) -> int:
         if self._route is None:

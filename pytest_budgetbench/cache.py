@@ -1,11 +1,13 @@
 """The response cache: identical model requests are answered once.
 
 A request is addressed by its content: the endpoint (redacted), the model id, the
-generation parameters and the exact messages. Replies live in SQLite, so every xdist
-worker, every thread and every later run shares them. A request that another process or
-thread is already sending is *claimed*: the others wait for its reply instead of sending
-it again, which is how identical prompts are sent once within a run. A claim whose owner
-died (SIGKILL, say) is taken over.
+generation parameters and the exact messages; a request with tools also by its tools and
+the client's tool-call parser (:mod:`~pytest_budgetbench.tool_parser`), which makes the
+reply's calls. A reply keeps its text, its usage and its tool calls. Replies live in
+SQLite, so every xdist worker, every thread and every later run shares them. A request
+that another process or thread is already sending is *claimed*: the others wait for its
+reply instead of sending it again, which is how identical prompts are sent once within a
+run. A claim whose owner died (SIGKILL, say) is taken over.
 
 A reply served from the store keeps the latency of the call that produced it, and says
 ``cached=True``, so tables report the model's real speed.
@@ -53,6 +55,9 @@ CACHE_FILE = "responses.sqlite"
 
 CHECKSUM_COLUMN = "checksum"
 """The column every entry's checksum is kept in (added to tables made before it existed)."""
+ADDED_COLUMNS = (CHECKSUM_COLUMN, "tool_calls", "parsed_tool_calls")
+"""Columns a table made before them lacks: each comes last in its table's schema, and
+opening such a file adds them (empty), in this order, so its entries keep working."""
 REJECTED = {"checksum": "failed its checksum", "unchecked": "had no checksum (older format)"}
 """Why an entry was rejected, as the ``rejected`` table and the run's summary say it."""
 
@@ -73,7 +78,9 @@ CREATE TABLE IF NOT EXISTS responses (
     latency_s REAL NOT NULL,
     run_id TEXT NOT NULL,
     created REAL NOT NULL,
-    checksum TEXT
+    checksum TEXT,
+    tool_calls TEXT,
+    parsed_tool_calls INTEGER
 );
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY,
@@ -180,8 +187,8 @@ class SharedDatabase:
         return db
 
     def _prepare(self, db: sqlite3.Connection) -> None:
-        """Make the tables, add the checksum column to tables made before it, and refuse a
-        file whose tables are not this cache's (another program's database)."""
+        """Make the tables, add the columns of ADDED_COLUMNS to tables made before them,
+        and refuse a file whose tables are not this cache's (another program's database)."""
         expected = _columns_of(self._schema)
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -197,12 +204,13 @@ class SharedDatabase:
                     db.execute(statement)
             for table, columns in expected.items():
                 have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-                if CHECKSUM_COLUMN in columns and have == [c for c in columns
-                                                          if c != CHECKSUM_COLUMN]:
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN {CHECKSUM_COLUMN} TEXT")
-                elif have != columns:
+                missing = columns[len(have):]
+                if have != columns[:len(have)] or not set(missing) <= set(ADDED_COLUMNS):
                     raise CacheError(self.describe(
                         f"its table '{table}' has columns {have}, not {columns}"))
+                for column in missing:
+                    kind = _column_types(self._schema)[table][column]
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         except BaseException:
             db.execute("ROLLBACK")
             raise
@@ -283,19 +291,25 @@ def rejection(stored: str | None, expected: str) -> str | None:
     return None if stored == expected else "checksum"
 
 
-_COLUMNS: dict[str, dict[str, list[str]]] = {}
+_COLUMNS: dict[str, dict[str, dict[str, str]]] = {}
 
 
-def _columns_of(schema: str) -> dict[str, list[str]]:
-    """The tables ``schema`` makes and their columns, in order (read from SQLite itself)."""
+def _column_types(schema: str) -> dict[str, dict[str, str]]:
+    """The tables ``schema`` makes and their columns' types, in order (read from SQLite
+    itself)."""
     if schema not in _COLUMNS:
         with closing(sqlite3.connect(":memory:")) as db:
             db.executescript(schema)
             tables = [name for (name,) in db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")]
-            _COLUMNS[schema] = {table: [row[1] for row in db.execute(
-                f"PRAGMA table_info({table})")] for table in tables}
+            _COLUMNS[schema] = {table: {row[1]: row[2] for row in db.execute(
+                f"PRAGMA table_info({table})")} for table in tables}
     return _COLUMNS[schema]
+
+
+def _columns_of(schema: str) -> dict[str, list[str]]:
+    """The tables ``schema`` makes and their columns, in order."""
+    return {table: list(types) for table, types in _column_types(schema).items()}
 
 
 _COUNTS_SCHEMA = REJECTED_SCHEMA + """
@@ -375,7 +389,8 @@ class ResponseStore(SharedDatabase):
         """The stored reply, or None: absent, or rejected by its checksum (a flipped byte
         in a reply is never served; the request is sent again)."""
         query = (f"SELECT {AS_BYTES.format('text')}, prompt_tokens, completion_tokens, "
-                 f"latency_s, {AS_BYTES.format('checksum')} FROM responses WHERE key = ?")
+                 f"latency_s, {AS_BYTES.format('checksum')}, {AS_BYTES.format('tool_calls')}, "
+                 "parsed_tool_calls FROM responses WHERE key = ?")
         args: tuple[str, ...] = (key,)
         if self.this_run_only:
             query += " AND run_id = ?"
@@ -383,13 +398,18 @@ class ResponseStore(SharedDatabase):
         rows = self._read(query, args)
         if not rows:
             return None
-        raw_text, prompt_tokens, completion_tokens, latency_s, raw_checksum = rows[0]
+        (raw_text, prompt_tokens, completion_tokens, latency_s, raw_checksum, raw_calls,
+         parsed) = rows[0]
         text, checksum = text_of_bytes(raw_text), text_of_bytes(raw_checksum)
+        calls = text_of_bytes(raw_calls)
         reason = rejection(checksum, _reply_checksum(key, text, prompt_tokens,
-                                                    completion_tokens, latency_s))
+                                                    completion_tokens, latency_s,
+                                                    calls, parsed))
         if reason is None:
             assert text is not None
-            return Completion(text, prompt_tokens, completion_tokens, latency_s, cached=True)
+            return Completion(text, prompt_tokens, completion_tokens, latency_s, cached=True,
+                              tool_calls=tuple(json.loads(calls)) if calls else (),
+                              parsed_tool_calls=int(parsed or 0))
         with self._transaction() as db:
             db.execute(f"DELETE FROM responses WHERE key = ? AND {SAME_CHECKSUM}",
                        (key, raw_checksum))
@@ -425,13 +445,19 @@ class ResponseStore(SharedDatabase):
 
     def store(self, key: str, completion: Completion) -> None:
         self._sent(key)
+        # A reply without calls leaves both columns empty, as an entry made before them.
+        calls = (json.dumps(list(completion.tool_calls), ensure_ascii=False)
+                 if completion.tool_calls else None)
+        parsed = completion.parsed_tool_calls if calls is not None else None
         with self._transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, completion.text, completion.prompt_tokens, completion.completion_tokens,
                  completion.latency_s, self.run_id, time.time(),
                  _reply_checksum(key, completion.text, completion.prompt_tokens,
-                                 completion.completion_tokens, float(completion.latency_s))),
+                                 completion.completion_tokens, float(completion.latency_s),
+                                 calls, parsed),
+                 calls, parsed),
             )
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
@@ -442,10 +468,14 @@ class ResponseStore(SharedDatabase):
 
 
 def _reply_checksum(key: str, text: str | None, prompt_tokens: object,
-                    completion_tokens: object, latency_s: object) -> str:
+                    completion_tokens: object, latency_s: object, tool_calls: str | None,
+                    parsed_tool_calls: object) -> str:
     """A reply's checksum: its key (the digest of the request) and every stored field, as
-    stored (a REAL column gives back a float, so the store side passes one)."""
-    return entry_checksum(key, text, prompt_tokens, completion_tokens, latency_s)
+    stored (a REAL column gives back a float, so the store side passes one). A reply
+    without tool calls sums what it summed before they were stored, so entries made then
+    still hold."""
+    calls = () if tool_calls is None else (tool_calls, parsed_tool_calls)
+    return entry_checksum(key, text, prompt_tokens, completion_tokens, latency_s, *calls)
 
 
 class CachingChatModel:
@@ -476,8 +506,10 @@ class CachingChatModel:
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
                  tools: Sequence[Tool] | None = None) -> Completion:
-        key = request_key(self.endpoint, self.model,
-                          {**self.params, "max_tokens": max_tokens}, messages, tools)
+        params = {**self.params, "max_tokens": max_tokens}
+        if tools:  # the parser makes the reply's calls; a request without tools keeps its key
+            params["tool_parser"] = self._chat.tool_parser
+        key = request_key(self.endpoint, self.model, params, messages, tools)
         delay = self._poll_s
         while True:
             found = self._store.lookup(key)

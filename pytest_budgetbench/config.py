@@ -164,6 +164,7 @@ class Settings:
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
+    tool_parser: Literal["auto", "hermes", "none"] = "auto"
     out: str = "reports"
     audit: Literal["full", "hash", "off"] = "full"
     max_violation_rate: float | None = None
@@ -305,6 +306,9 @@ OPTIONS: tuple[Option, ...] = (
           metavar="VAR"),
     _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
           parse_tokenizer),
+    _core("tool_parser", "read tool calls from a reply's text when the endpoint returns "
+          "none (Hermes <tool_call> blocks, fenced or bare JSON): auto (the embedded "
+          "model only) | hermes | none", _choices_of("tool_parser")),
     _core("out", "directory for run records", str, metavar="DIR"),
     _core("audit", "store post-strategy prompts: full | hash | off", _choices_of("audit")),
     _core("max_violation_rate", "fail the session when a non-reference strategy's "

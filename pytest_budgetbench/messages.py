@@ -157,6 +157,16 @@ def _unanswered(open_calls: dict[str, tuple[int, str]], before: str, produced_by
     )
 
 
+def as_sent(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as a request carries them: an assistant message that only calls tools
+    (``content`` None) goes without ``content``. The chat API reads the key's absence as
+    None, and llama-cpp-python's server refuses a None there (its assistant message type
+    takes a string or nothing), so every request, and every count of one, sends this form."""
+    return [{key: value for key, value in message.items() if key != "content"}
+            if message.get("content") is None and tool_calls_of(message) else message
+            for message in messages]
+
+
 def exchanges(messages: Sequence[Message]) -> list[list[Message]]:
     """``messages`` in units that keep tool-call pairs whole: an assistant message with
     tool calls together with the tool results that follow it; every other message alone.

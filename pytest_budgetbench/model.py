@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.errors import EndpointError, RequestTimeout
-from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.messages import Message, Tool, as_sent
 from pytest_budgetbench.redact import (
     first_line,
     redact,
@@ -32,6 +32,7 @@ from pytest_budgetbench.redact import (
     register_url,
     request_target,
 )
+from pytest_budgetbench.tool_parser import ToolParser, parse_tool_calls
 
 REPLY_NEUTRAL_FLAGS = frozenset({"n_ctx", "OMP_WAIT_POLICY"})
 """Recorded server flags that change no reply, so the response cache's key leaves them out:
@@ -52,8 +53,8 @@ class Completion:
     "function": {"name", "arguments"}}``), as the server gave them or as the endpoint's
     tool-call parser read them from the text."""
     parsed_tool_calls: int = 0
-    """How many of ``tool_calls`` the endpoint's tool-call parser read from the reply's
-    text (a server that returns calls as text); 0 when the server gave them as calls."""
+    """How many of :attr:`tool_calls` the endpoint's tool-call parser read from the reply's
+    text (:mod:`~pytest_budgetbench.tool_parser`); 0 where the server gave them."""
 
     @property
     def message(self) -> Message:
@@ -175,6 +176,7 @@ class ChatModel:
         backoff_s: float = 0.5,
         slots: RequestSlots | None = None,
         max_backoff_s: float = MAX_BACKOFF_S,
+        tool_parser: ToolParser = "none",
     ) -> None:
         import openai
 
@@ -190,6 +192,9 @@ class ChatModel:
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.slots = slots
+        self.tool_parser: ToolParser = tool_parser
+        """``hermes``: a reply to a request with tools that has no ``tool_calls`` has its
+        calls read from its text (:mod:`~pytest_budgetbench.tool_parser`)."""
         self._url_lock = threading.Lock()
         self._clients: DeadlineClients[Any] = DeadlineClients(self._new_client,
                                                               close=_close_client)
@@ -234,7 +239,7 @@ class ChatModel:
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
                  tools: Sequence[Tool] | None = None) -> Completion:
         self._url()  # a server started on demand starts here, outside the request's deadline
-        body: dict[str, Any] = {"model": self.model, "messages": list(messages),
+        body: dict[str, Any] = {"model": self.model, "messages": as_sent(messages),
                                 "max_tokens": max_tokens, "temperature": self.temperature,
                                 "seed": self.seed}
         if tools:
@@ -261,7 +266,7 @@ class ChatModel:
                 raise EndpointError(self._describe_failure(exc, attempt)) from None
             except ValueError as exc:  # undecodable body
                 raise EndpointError(self._malformed(str(exc))) from None
-            return self._parse(response, latency_s)
+            return self._parse(response, latency_s, tools)
         raise AssertionError("unreachable")
 
     @property
@@ -303,7 +308,8 @@ class ChatModel:
         """The generation parameters that shape a reply (a response cache keys on them)."""
         return {"temperature": self.temperature, "seed": self.seed}
 
-    def _parse(self, response: Any, latency_s: float) -> Completion:
+    def _parse(self, response: Any, latency_s: float,
+               tools: Sequence[Tool] | None = None) -> Completion:
         choices = getattr(response, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
             raise EndpointError(self._malformed("no choices/message"))
@@ -314,6 +320,10 @@ class ChatModel:
             text = ""
         if not isinstance(text, str):
             raise EndpointError(self._malformed("message has no content"))
+        parsed = 0
+        if tools and not calls and self.tool_parser == "hermes":
+            reply = parse_tool_calls(text, tools)
+            text, calls, parsed = reply.text, reply.tool_calls, len(reply.tool_calls)
         usage = getattr(response, "usage", None)
         return Completion(
             text=text,
@@ -321,6 +331,7 @@ class ChatModel:
             completion_tokens=getattr(usage, "completion_tokens", None),
             latency_s=latency_s,
             tool_calls=calls,
+            parsed_tool_calls=parsed,
         )
 
 

@@ -194,6 +194,7 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
     An endpoint without a URL yet (the embedded server) gets it from ``launcher`` on its
     first request that the cache cannot answer."""
     from pytest_budgetbench.model import ChatModel, RequestSlots
+    from pytest_budgetbench.tool_parser import parser_for
 
     slots = None
     if settings.concurrency is not None:
@@ -212,6 +213,7 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
         temperature=settings.temperature,
         seed=settings.seed,
         slots=slots,
+        tool_parser=parser_for(settings.tool_parser, endpoint.embedded),
     )
     if response_store is None:
         return chat

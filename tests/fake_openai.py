@@ -20,6 +20,10 @@ HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
 ``Authorization`` header back, as some servers do. ``queries`` holds each request's query
 string, so tests can check that an endpoint's ``?key=…`` reaches the server, and
 ``authorizations`` each request's ``Authorization`` header ("" when none).
+
+A responder returns the reply's text, or a dict of the assistant message's fields
+(``{"content": None, "tool_calls": [...]}``) for a reply with tool calls. Usage counts a
+request's ``tools`` too.
 """
 
 from __future__ import annotations
@@ -238,8 +242,8 @@ class FakeOpenAI:
                 counter = ApproxCounter()
                 routes = fake.tokenize_routes
                 if path == "/tokenize" and "vllm" in routes and "model" in payload:
-                    count = (counter.count_messages(payload["messages"]) if "messages" in payload
-                             else counter.count_text(payload["prompt"]))
+                    count = (counter.count_messages(payload["messages"], payload.get("tools"))
+                             if "messages" in payload else counter.count_text(payload["prompt"]))
                     self._send(200, json.dumps({"count": count}).encode())
                 elif path == "/tokenize" and "llama.cpp" in routes:
                     # Like llama.cpp's server: no "content", no tokens (and still 200).
@@ -294,8 +298,8 @@ class FakeOpenAI:
             def _completion(self, payload: dict[str, Any]) -> bytes:
                 messages = payload["messages"]
                 reply = fake.responder(messages)
-                message = ({"role": "assistant", **reply} if isinstance(reply, dict)
-                           else {"role": "assistant", "content": reply})
+                message = {"role": "assistant",
+                           **(reply if isinstance(reply, dict) else {"content": reply})}
                 prompt_tokens = ApproxCounter().count_messages(messages, payload.get("tools"))
                 return json.dumps({
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,

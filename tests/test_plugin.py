@@ -56,6 +56,8 @@ def rows_of(tmp: Path) -> list[dict]:
         ("--budgetbench-strategies=nope", "unknown strategy 'nope'"),
         ("--budgetbench-tasks=nope", "unknown task 'nope'"),
         ("--budgetbench-audit=loud", "must be one of full|hash|off"),
+        ("--budgetbench-tool-parser=vllm",
+         "--budgetbench-tool-parser must be one of auto|hermes|none (got 'vllm')"),
         ("--budgetbench-max-violation-rate=2", "between 0 and 1"),
     ],
 )
