@@ -257,7 +257,7 @@ class Runner:
     ) -> tuple[list[Message], float, int]:
         """One call's prompt: the strategy sees the trajectory so far (a private copy) and
         a counter that counts the tools with every prompt."""
-        context.tools = tools
+        context.tools, context.tokens = tools, self.tokens.with_tools(tools)
         return self._prompt_of(
             strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget),
             count=tools)
@@ -279,7 +279,8 @@ class Runner:
         aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id)
         settings = self.settings
         return StrategyContext(
-            tokens=self.tokens,
+            tokens=self.tokens.with_tools(item.tools),
+            tools=list(item.tools),
             item_id=f"{cell.task}/{item.item_id}",
             seed=settings.seed,
             aux=aux,

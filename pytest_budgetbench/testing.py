@@ -32,7 +32,7 @@ reset per episode. At every call it must
 8. keep the order of what it keeps, never mutate its input, and give the same outputs
    for the same episode after reset.
 
-Agent episodes are counted by ``agent_tokens``, by default a :class:`ToolCounter` bound to
+Agent episodes are counted by ``agent_tokens``, by default :func:`tool_counter` bound to
 the episode's tools (:data:`TOOLS`), as the runner's counter for an episode is: tool calls
 and tool schemas cost tokens. (``tokens`` counts the chat histories.)
 
@@ -63,7 +63,6 @@ from pytest_budgetbench.messages import (
     exchanges,
     split_ends,
     text_of,
-    tool_calls_of,
 )
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
@@ -136,27 +135,11 @@ def histories(draw: st.DrawFn) -> list[Message]:
     return messages
 
 
-class ToolCounter(ApproxCounter):
-    """:class:`ApproxCounter` that also counts each tool call's name and arguments, and,
-    bound to ``tools``, their schemas in every whole prompt: the kind of counter an
-    episode's strategy gets as ``context.tokens``."""
-
-    name = "approx-chars/4+tools"
-
-    def __init__(self, tools: Sequence[Tool] = ()) -> None:
-        super().__init__()
-        self.tools = list(tools)
-
-    def _count_prompt(self, messages: Sequence[Message],
-                      tools: Sequence[Tool] | None = None) -> int:
-        calls = sum(self._count_text(json.dumps(call.get("function", {})))
-                    for message in messages for call in tool_calls_of(message))
-        schemas = self._count_text(json.dumps(list(tools))) if tools else 0
-        return super()._count_prompt(messages) + calls + schemas
-
-    def count_messages(self, messages: Sequence[Message],
-                       tools: Sequence[Tool] | None = None) -> int:
-        return super().count_messages(messages, tools or self.tools or None)
+def tool_counter(tools: Sequence[Tool] = ()) -> TokenCounter:
+    """The approximate counter bound to ``tools`` (their schemas in every whole prompt, a
+    call's name and arguments in its message): the kind of counter an episode's strategy
+    gets as ``context.tokens``, without a tokenizer."""
+    return ApproxCounter().with_tools(tools)
 
 
 TOOL_NAMES = ("get_weather", "search_files", "book_flight")
@@ -346,7 +329,7 @@ def check_agent_episodes(
     max_examples: int = 60,
 ) -> None:
     """Properties 6-8 on generated agent episodes (whatever ``handles_tools`` says)."""
-    counter = tokens or ToolCounter(TOOLS)
+    counter = tokens or tool_counter(TOOLS)
     make = strategy_factory(factory)
 
     @settings(max_examples=max_examples, deadline=None, derandomize=True,
@@ -405,7 +388,6 @@ __all__: list[Any] = [
     "TOOLS",
     "EchoAuxModel",
     "HashingEmbedder",
-    "ToolCounter",
     "agent_floor",
     "agent_trajectories",
     "call_points",
@@ -418,4 +400,5 @@ __all__: list[Any] = [
     "histories",
     "last_unit",
     "strategy_factory",
+    "tool_counter",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.aux_model import RecordedAuxModel
+from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, check_tool_pairs, exchanges, text_of
 from pytest_budgetbench.model import Completion
 from pytest_budgetbench.strategies import (
@@ -30,10 +31,10 @@ from pytest_budgetbench.strategies.tool_result_clearing import ToolResultClearin
 from pytest_budgetbench.testing import (
     TOOLS,
     HashingEmbedder,
-    ToolCounter,
     call_points,
     check_agent_output,
     check_strategy,
+    tool_counter,
 )
 from tests.strategy_helpers import ScriptedAux
 
@@ -65,12 +66,12 @@ def episode(steps: int, parallel: int = 1, size: int = 400) -> list[Message]:
     return messages
 
 
-def counter() -> ToolCounter:
-    return ToolCounter(TOOLS)
+def counter() -> TokenCounter:
+    return tool_counter(TOOLS)
 
 
 def run(strategy: Strategy, messages: Sequence[Message], budget: int,
-        tokens: ToolCounter | None = None, **context: Any) -> list[Message]:
+        tokens: TokenCounter | None = None, **context: Any) -> list[Message]:
     context.setdefault("embedder_factory", HashingEmbedder)
     strategy.reset(StrategyContext(tokens=tokens or counter(), tools=TOOLS, **context))
     return strategy.apply(messages, budget)

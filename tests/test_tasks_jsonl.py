@@ -13,6 +13,7 @@ import pytest
 
 from pytest_budgetbench.declared import resolve_values
 from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.messages import as_sent
 from pytest_budgetbench.task_grammar import parse_task_definition, split_top_level
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx
@@ -250,7 +251,8 @@ def test_an_agent_trajectory_runs_end_to_end_with_its_calls_unflattened(
     assert record["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [CALL]}
     assert record["messages"][3]["tool_call_id"] == "call_1"
     (sent,) = fake_endpoint.requests
-    assert sent["messages"] == record["messages"]  # the model got the pair as messages
+    # The model got the pair as messages (a call-only message goes without "content").
+    assert sent["messages"] == as_sent(record["messages"])
 
 
 def test_an_agent_trajectory_sends_its_tools_with_the_call(
