@@ -164,7 +164,8 @@ def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(
     episodes = episodes_of(tmp_path)
     assert set(episodes) == {row["cell_id"] for row in rows}
     resumed = episodes[rows[-1]["cell_id"]]  # the episode the kill cut short, rerun
-    assert [call["cached"] for call in resumed["calls"]][:2] == [True, True]
+    # Its first call was answered (and stored) before its second was sent, so before the kill.
+    assert resumed["calls"][0]["cached"] is True
 
 
 def test_regrade_grades_an_episode_from_its_recorded_trajectory_without_a_model_call(
