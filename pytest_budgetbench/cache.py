@@ -3,11 +3,11 @@
 A request is addressed by its content: the endpoint (redacted), the model id, the
 generation parameters and the exact messages; a request with tools also by its tools and
 the client's tool-call parser (:mod:`~pytest_budgetbench.tool_parser`), which makes the
-reply's calls. A reply keeps its text, its usage and its tool calls. Replies live in SQLite, so every xdist
-worker, every thread and every later run shares them. A request that another process or
-thread is already sending is *claimed*: the others wait for its reply instead of sending
-it again, which is how identical prompts are sent once within a run. A claim whose owner
-died (SIGKILL, say) is taken over.
+reply's calls. A reply keeps its text, its usage and its tool calls. Replies live in
+SQLite, so every xdist worker, every thread and every later run shares them. A request
+that another process or thread is already sending is *claimed*: the others wait for its
+reply instead of sending it again, which is how identical prompts are sent once within a
+run. A claim whose owner died (SIGKILL, say) is taken over.
 
 A reply served from the store keeps the latency of the call that produced it, and says
 ``cached=True``, so tables report the model's real speed.
