@@ -394,6 +394,10 @@ class ToolsCounter(TokenCounter):
                       tools: Sequence[Tool] | None = None) -> int:
         return self._counter._count_prompt(messages, self._given(tools))
 
+    def prompt_token_ids(self, messages: Sequence[Message],
+                         tools: Sequence[Tool] | None = None) -> list[int] | None:
+        return self._counter.prompt_token_ids(messages, self._given(tools))
+
     def _count_text(self, text: str) -> int:
         return self._counter._count_text(text)
 
@@ -513,11 +517,17 @@ class GGUFCounter(TokenCounter):
 
     def _count_prompt(self, messages: Sequence[Message],
                       tools: Sequence[Tool] | None = None) -> int:
+        return len(self._token_ids(messages, tools)) + _image_cost(messages)
+
+    def prompt_token_ids(self, messages: Sequence[Message],
+                         tools: Sequence[Tool] | None = None) -> list[int] | None:
+        return None if _image_cost(messages) else self._token_ids(messages, tools)
+
+    def _token_ids(self, messages: Sequence[Message],
+                   tools: Sequence[Tool] | None) -> list[int]:
         prompt, added_special = self.render(_text_only(messages), tools)
-        tokens = self._llama.tokenize(
-            prompt.encode("utf-8"), add_bos=not added_special, special=True
-        )
-        return len(tokens) + _image_cost(messages)
+        return list(self._llama.tokenize(prompt.encode("utf-8"), add_bos=not added_special,
+                                         special=True))
 
     def _count_text(self, text: str) -> int:
         return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from pytest_budgetbench.budget import GGUFCounter
 from pytest_budgetbench.episode import percentile, prompt_entries, shared_prefix
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.messages import check_tool_pairs
 from pytest_budgetbench.regrade import regrade_run
 from pytest_budgetbench.tasks import TaskOptions
-from pytest_budgetbench.tasks.agent_lookup import AgentLookupTask
+from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL, AgentLookupTask
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_plugin import rows_of, sweep_args
 
@@ -213,3 +214,39 @@ def test_a_strategy_that_does_not_handle_tool_calls_is_refused_before_any_cell(
                                  "use one of:*observation_masking*"
                                  "(task 'agent_lookup' is an agent's*"])
     assert agent.requests == []
+
+
+@pytest.fixture(scope="module")
+def qwen() -> GGUFCounter:
+    """The default embedded model's counter (its template renders tool calls)."""
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.embedded.models import QWEN, model_dir
+
+    path = model_dir() / QWEN.file_name
+    if not path.is_file():
+        pytest.skip("the default model is not fetched (budgetbench fetch-model)")
+    return GGUFCounter(path)
+
+
+def test_an_exact_counter_gives_the_token_ids_whose_shared_prefix_is_prefix_reuse(
+    qwen: GGUFCounter,
+) -> None:
+    """What prefix_reuse compares: the ids are the counted prompt, and a prompt that only
+    appends to the previous one repeats all of it (its generation prompt opens the reply
+    that follows); masking the result instead gives up what follows the change."""
+    tools = [LOOKUP_TOOL]
+    first = [{"role": "user", "content": "Look up R1."}]
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "lookup",
+                                                      "arguments": '{"key": "R1"}'}}]}
+    second = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": "code ABC"}]
+    ids_first = qwen.prompt_token_ids(first, tools)
+    ids_second = qwen.prompt_token_ids(second, tools)
+    assert ids_first is not None and ids_second is not None
+    assert len(ids_first) == qwen.count_messages(first, tools)
+    assert len(ids_second) == qwen.count_messages(second, tools)
+    reused = shared_prefix(ids_first, ids_second)
+    assert reused == len(ids_first)
+    masked = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": "[omitted]"}]
+    assert shared_prefix(ids_second, qwen.prompt_token_ids(masked, tools) or []) < len(
+        ids_second) - 3
