@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
+from pytest_budgetbench.userdirs import user_cache
 
 MODEL_DIR_ENV = "BUDGETBENCH_MODEL_DIR"
 CHUNK = 1 << 20
@@ -120,8 +121,7 @@ def model_dir() -> Path:
     configured = os.environ.get(MODEL_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "pytest-budgetbench" / "models"
+    return user_cache("models")
 
 
 def gguf_path(model: EmbeddedModel) -> Path:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench.errors import ConfigError, MissingDependency
+from pytest_budgetbench.userdirs import user_cache
 
 BACKENDS = ("onnx", "onnx-int8", "torch")
 DEFAULT_BACKEND = "onnx"
@@ -99,8 +100,7 @@ def model_fingerprint(path: str) -> str:
 
 
 def export_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pytest-budgetbench" / "onnx"
+    return user_cache("onnx")
 
 
 # -- torch ---------------------------------------------------------------------------------

@@ -59,13 +59,13 @@ import os
 import uuid
 from collections.abc import Sequence
 from importlib import metadata
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
 from pytest_budgetbench.messages import Message, Tool, tool_calls_of
 from pytest_budgetbench.tasks.base import Environment, EpisodicTask, Grade, Item
+from pytest_budgetbench.userdirs import user_cache
 
 BFCL_VERSION = "2026.3.23"
 BFCL_INSTALL = f"pip install --no-deps bfcl-eval=={BFCL_VERSION}"
@@ -97,8 +97,7 @@ def bfcl() -> SimpleNamespace:
             f"the BFCL tasks grade with bfcl-eval {BFCL_VERSION} (installed: {installed}): "
             f"{BFCL_INSTALL}"
         )
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(cache) / "pytest-budgetbench" / "bfcl"))
+    os.environ.setdefault("BFCL_PROJECT_ROOT", str(user_cache("bfcl")))
     from bfcl_eval import utils
     from bfcl_eval.constants import default_prompts, enums, type_mappings
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
