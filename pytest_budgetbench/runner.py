@@ -227,7 +227,8 @@ class Runner:
         prompt of every call (see :mod:`~pytest_budgetbench.episode`)."""
         environment = task.environment(item)
         try:
-            self._prompt_of(strategy, cell, lambda: strategy.reset(context), count=None)
+            self._as_strategy_error(strategy, cell, lambda: self._within_timeout(
+                lambda: strategy.reset(context), strategy, cell))
             loop = EpisodeLoop(
                 environment, self.tokens, cell.budget, self.settings.max_calls,
                 build=lambda trajectory, tools: self._episode_prompt(
@@ -259,8 +260,7 @@ class Runner:
         a counter that counts the tools with every prompt."""
         context.tools, context.tokens = tools, self.tokens.with_tools(tools)
         return self._prompt_of(
-            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget),
-            count=tools)
+            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget), tools)
 
     def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
         """The strategy's own fields of the row; a strategy whose declarations cannot be
@@ -297,41 +297,49 @@ class Runner:
         """The strategy's prompt, the seconds it took, and the prompt's token count."""
         return self._prompt_of(
             strategy, cell, lambda: self._reset_and_apply(strategy, item, cell, context),
-            count=item.tools)
+            item.tools)
 
     def _prompt_of(
         self, strategy: Strategy, cell: Cell, work: Callable[[], object],
-        count: Sequence[Tool] | None,
+        tools: Sequence[Tool],
     ) -> tuple[list[Message], float, int]:
-        """Run the strategy's ``work`` within its timeout; when ``count`` is not None, its
-        output is the prompt, checked (messages, tool-call pairs) and counted with those
-        tools. Whatever fails on the way is the strategy's error, but for the endpoint's
-        or the counter's own failures."""
+        """The prompt ``work`` returns (run within the strategy's timeout), checked (chat
+        messages, tool-call pairs), the seconds it took, and its count with ``tools``."""
         started = time.perf_counter()
         produced_by = f"strategy '{strategy.name}'"
+
+        def checked() -> list[Message]:
+            prompt = check_messages(self._within_timeout(work, strategy, cell), produced_by)
+            try:
+                check_tool_pairs(prompt, produced_by)
+            except ValueError as exc:  # the message names the strategy and the pair
+                raise StrategyError(f"{exc} (cell {cell.cell_id})") from None
+            return prompt
+
+        prompt = self._as_strategy_error(strategy, cell, checked)
+        seconds = round(time.perf_counter() - started, 6)
+        # Counting is the runner's, but what it counts is the strategy's: a prompt the
+        # counter cannot read fails here, as the strategy's error.
+        counted = self._as_strategy_error(
+            strategy, cell, lambda: self.tokens.count_messages(prompt, tools))
+        return prompt, seconds, counted
+
+    @staticmethod
+    def _as_strategy_error(strategy: Strategy, cell: Cell, work: Callable[[], T]) -> T:
+        """``work()``; whatever it raises is the strategy's error, but for the endpoint's
+        or the counter's own failures."""
         try:
-            output = self._within_timeout(work, strategy, cell)
-            if count is None:
-                return [], round(time.perf_counter() - started, 6), 0
-            prompt = check_messages(output, produced_by)
-            check_tool_pairs(prompt, produced_by)
-            seconds = round(time.perf_counter() - started, 6)
-            # Counting is the runner's, but what it counts is the strategy's: a prompt the
-            # counter cannot read fails here, as the strategy's error.
-            counted = self.tokens.count_messages(prompt, count)
+            return work()
         except (EndpointError, StrategyError, TokenizerError):
-            raise  # the endpoint's or the counter's own failure, not the strategy's
+            raise
         except BudgetExceeded as exc:
             raise StrategyError(f"strategy '{strategy.name}' made an auxiliary call over budget: "
                                 f"{exc}") from exc
-        except ValueError as exc:  # a broken tool-call pair: the message says it all
-            raise StrategyError(f"{exc} (cell {cell.cell_id})") from exc
         except Exception as exc:
             raise StrategyError(
                 f"strategy '{strategy.name}' failed on cell {cell.cell_id}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        return prompt, seconds, counted
 
     @staticmethod
     def _reset_and_apply(

@@ -250,3 +250,38 @@ def test_an_exact_counter_gives_the_token_ids_whose_shared_prefix_is_prefix_reus
     masked = [*first, call, {"role": "tool", "tool_call_id": "c1", "content": "[omitted]"}]
     assert shared_prefix(ids_second, qwen.prompt_token_ids(masked, tools) or []) < len(
         ids_second) - 3
+
+
+ORPHANER = """
+from pytest_budgetbench.strategies import Strategy
+
+
+class Orphaner(Strategy):
+    '''Claims to handle tool calls, then drops every call and keeps its results.'''
+
+    name = "orphaner"
+    handles_tools = True
+
+    def apply(self, messages, budget):
+        return [m for m in messages if not m.get("tool_calls")]
+"""
+
+
+def test_a_strategy_that_orphans_a_tool_result_is_one_clear_error_naming_the_pair(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    pytester.makepyfile(orphaner=ORPHANER)
+    pytester.syspathinsert()
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192", "--budgetbench-strategies=orphaner:Orphaner",
+        "--budgetbench-items=1"))
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "error" and row["calls"] is None
+    assert row["error"].startswith(
+        "strategy 'orphaner' broke a tool-call pair: the tool result at message 1 answers "
+        "call 'call_0_")
+    assert row["error"].endswith(f"(cell {row['cell_id']})")
+    assert "\n" not in row["error"]
+    # The first call had nothing to orphan; the second prompt was refused before sending.
+    assert len(agent.requests) == 1
+    result.assert_outcomes(errors=1)
