@@ -19,7 +19,7 @@ from pytest_budgetbench.catalog import Catalog  # noqa: E402
 from pytest_budgetbench.config import Settings  # noqa: E402
 from pytest_budgetbench.endpoint import Endpoint  # noqa: E402
 from pytest_budgetbench.errors import ConfigError  # noqa: E402
-from pytest_budgetbench.messages import Message, text_of  # noqa: E402
+from pytest_budgetbench.messages import Message, Tool, text_of  # noqa: E402
 from pytest_budgetbench.model import Completion  # noqa: E402
 from pytest_budgetbench.records import RunStore  # noqa: E402
 from pytest_budgetbench.runner import Runner  # noqa: E402
@@ -185,7 +185,8 @@ class FakeChat:
         self.tokens = tokens
         self.calls = 0
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int) -> Completion:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None) -> Completion:
         self.calls += 1
         text = reading_responder([dict(m) for m in messages])
         return Completion(text, self.tokens.count_messages(messages), 3, 0.01)
