@@ -463,3 +463,14 @@ def test_rag_on_a_trajectory_keeps_the_units_most_like_the_latest_request() -> N
     assert len(output) < len(messages)
     kept = [m for m in output if m in messages]
     assert kept == output  # nothing rewritten, only whole units left out, order kept
+
+
+def test_truncation_of_a_trajectory_without_system_prompt_ending_in_a_result_sends_it(
+) -> None:
+    """No head and no query (the last message is a tool result): the last unit is the
+    prompt's anchor, never an empty prompt (which no chat template renders)."""
+    messages = [{"role": "user", "content": "Find the report."}, *step(1), *step(2)]
+    tokens = counter()
+    assert messages[-1]["role"] == "tool"
+    output = run(load_strategy("truncation"), messages, 1, tokens)
+    assert output == messages[-2:]

@@ -22,5 +22,7 @@ class Truncation(Strategy):
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         head, history, query = split_ends(messages)
+        # A trajectory that ends in tool results has no query: its last unit is what the
+        # model answers now, so it is always sent (an empty prompt is no prompt).
         return fit_newest(self.context.tokens, head, exchanges(history), budget,
-                          back=query, always=0)
+                          back=query, always=0 if query else 1)
