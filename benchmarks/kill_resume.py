@@ -5,8 +5,9 @@
                --budgetbench-items=5 --budgetbench-only
 
 The sweep runs with ``--budgetbench-out=OUT``; once its cells file holds ``--after-rows``
-rows and ``--grace`` more seconds have passed (the next episode is then under way), the
-whole process group gets SIGKILL. The same command then runs again with
+rows and then either ``--grace`` more seconds have passed or, with ``--after-calls``, the
+embedded server has answered that many more chat requests (an episode under way, some of
+its calls done), the whole process group gets SIGKILL. The same command then runs again with
 ``--budgetbench-resume=latest`` to the end. Prints what each phase left and whether every
 cell has exactly one row (the run's collected cell count is read from ``pytest --co``).
 """
@@ -36,6 +37,14 @@ def rows_of(out: Path) -> list[dict]:
     return rows
 
 
+def chat_posts(out: Path) -> int:
+    """Chat requests the run's embedded server has logged."""
+    logs = sorted(out.glob("*/server.log"))
+    if not logs:
+        return 0
+    return logs[-1].read_text(errors="replace").count("POST /v1/chat/completions")
+
+
 def collected_cells(command: list[str]) -> int:
     listing = subprocess.run([*command, "--co", "-q"], capture_output=True, text=True,
                              timeout=600)
@@ -47,6 +56,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--after-rows", type=int, default=1)
     parser.add_argument("--grace", type=float, default=20.0)
+    parser.add_argument("--after-calls", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = [part for part in args.command if part != "--"]
@@ -56,26 +66,36 @@ def main() -> int:
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     reached: float | None = None
+    posts = 0
     while process.poll() is None:
         if reached is None and len(rows_of(args.out)) >= args.after_rows:
-            reached = time.monotonic()
-        if reached is not None and time.monotonic() - reached >= args.grace:
+            reached, posts = time.monotonic(), chat_posts(args.out)
+        if reached is not None and (
+                chat_posts(args.out) >= posts + args.after_calls if args.after_calls
+                else time.monotonic() - reached >= args.grace):
             os.killpg(process.pid, signal.SIGKILL)  # the embedded server goes too
             break
         time.sleep(0.2)
     process.wait()
     killed_rows = rows_of(args.out)
     print(f"phase 1: {'SIGKILL' if reached else 'ended'} after {time.monotonic() - started:.0f} s"
-          f" with {len(killed_rows)} rows of {expected} cells")
+          f" with {len(killed_rows)} rows of {expected} cells, {chat_posts(args.out)} chat "
+          "requests answered or in flight")
     resumed = subprocess.run([*command, "--budgetbench-resume=latest"], capture_output=True,
                              text=True)
     rows = rows_of(args.out)
     ids = [row["cell_id"] for row in rows]
     print(f"phase 2: exit {resumed.returncode} after {time.monotonic() - started:.0f} s in all;"
           f" {len(rows)} rows, {len(set(ids))} distinct cells of {expected}")
+    episodes = {}
+    for path in args.out.glob("*/episodes.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            episodes[record["cell_id"]] = [call.get("cached") for call in record["calls"]]
     for row in rows:
         print(f"  {row['cell_id']}: {row['status']} calls={row.get('calls')} "
-              f"call_tokens={row.get('call_tokens')} quality={row.get('quality')}")
+              f"call_tokens={row.get('call_tokens')} quality={row.get('quality')} "
+              f"cached per call={episodes.get(row['cell_id'])}")
     tail = (resumed.stdout + resumed.stderr).strip().splitlines()[-25:]
     print("\n".join(tail))
     return 0 if len(rows) == len(set(ids)) == expected else 1
