@@ -81,7 +81,11 @@ def main() -> int:
     print(f"phase 1: {'SIGKILL' if reached else 'ended'} after {time.monotonic() - started:.0f} s"
           f" with {len(killed_rows)} rows of {expected} cells, {chat_posts(args.out)} chat "
           "requests answered or in flight")
-    resumed = subprocess.run([*command, "--budgetbench-resume=latest"], capture_output=True,
+    # The run by its directory: "latest" only takes a run that recorded a row, and a kill
+    # during a sweep's first episode leaves none.
+    runs = sorted(path.parent for path in args.out.glob("*/run.json"))
+    target = runs[-1] if runs else "latest"
+    resumed = subprocess.run([*command, f"--budgetbench-resume={target}"], capture_output=True,
                              text=True)
     rows = rows_of(args.out)
     ids = [row["cell_id"] for row in rows]
