@@ -285,3 +285,23 @@ def test_a_strategy_that_orphans_a_tool_result_is_one_clear_error_naming_the_pai
     # The first call had nothing to orphan; the second prompt was refused before sending.
     assert len(agent.requests) == 1
     result.assert_outcomes(errors=1)
+
+
+def test_diff_pairs_two_runs_of_episodes_item_by_item(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A memory-policy change as a team would diff it: the same episode cells, run B's
+    agent forgets to look anything up, and diff names the drop and the flipped items."""
+    pytest.importorskip("pandas")
+    from pytest_budgetbench.reports.diff import diff_runs
+
+    args = ("--budgets=8192", "--budgetbench-strategies=full_context")
+    pytester.runpytest(*lookup_args(agent, tmp_path / "a", *args))
+    agent.responder = lambda messages: "I do not know."
+    pytester.runpytest(*lookup_args(agent, tmp_path / "b", *args))
+    (run_a,), (run_b,) = ((tmp_path / side / "out").glob("*/") for side in ("a", "b"))
+    diff = diff_runs(run_a, run_b, resamples=200)
+    (cell,) = diff.table.to_dict("records")
+    assert (cell["strategy"], cell["budget"], cell["n_paired"]) == ("full_context", 8192, 2)
+    assert (cell["quality_a"], cell["quality_b"], cell["worse"]) == (1.0, 0.0, 2)
+    assert diff.regressions(0.1)
