@@ -490,6 +490,7 @@ class GGUFCounter(TokenCounter):
         if not template:
             raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
         self._identity = (str(path.resolve()), template)
+        self._last_ids: tuple[str, list[int]] | None = None
         # Persistent counts depend on the file (a GGUF rewritten in place is a new space:
         # its size or modification time changes) and the template.
         stat = path.stat()
@@ -525,9 +526,17 @@ class GGUFCounter(TokenCounter):
 
     def _token_ids(self, messages: Sequence[Message],
                    tools: Sequence[Tool] | None) -> list[int]:
+        """The prompt's ids; the last prompt's are kept, because an agent episode asks for
+        the ids of the prompt it has just counted (prefix reuse), and rendering and
+        tokenizing it again would double the counter's work on every call."""
+        key = prompt_sha256(messages, tools)
+        if self._last_ids is not None and self._last_ids[0] == key:
+            return self._last_ids[1]
         prompt, added_special = self.render(_text_only(messages), tools)
-        return list(self._llama.tokenize(prompt.encode("utf-8"), add_bos=not added_special,
-                                         special=True))
+        ids = list(self._llama.tokenize(prompt.encode("utf-8"), add_bos=not added_special,
+                                        special=True))
+        self._last_ids = (key, ids)
+        return ids
 
     def _count_text(self, text: str) -> int:
         return len(self._llama.tokenize(text.encode("utf-8"), add_bos=False, special=False))
