@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.config import OPTIONS, Settings, ini_text, load_settings
@@ -141,11 +142,15 @@ def settings_of(config: pytest.Config, declared: list[Option] | None) -> Setting
             from pytest_budgetbench.declared import flag_specs
 
             declared = flag_specs()
+        handed = handed_shard(config)
         settings = load_settings(
-            lambda dest: config.getoption(f"budgetbench_{dest}", None),
+            lambda dest: handed[0] if handed and dest == "shard"
+            else config.getoption(f"budgetbench_{dest}", None),
             lambda ini: config.getini(ini),
             declared,
         )
+        if handed:
+            settings = replace(settings, shard_source=handed[1])
         register_secrets(settings)
         if settings.active:
             from pytest_budgetbench.preflight import check_settings
@@ -154,6 +159,15 @@ def settings_of(config: pytest.Config, declared: list[Option] | None) -> Setting
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(exc)) from None
     return settings
+
+
+def handed_shard(config: pytest.Config) -> tuple[str, str | None] | None:
+    """An xdist worker's shard, ``i/n`` and its source, as its controller resolved it:
+    ``--budgetbench-shard=auto`` is read from the environment once, by the controller."""
+    from pytest_budgetbench.distributed import worker_state
+
+    index, count, source = (worker_state(config) or {}).get("shard") or (None, None, None)
+    return None if index is None else (f"{index}/{count}", source)
 
 
 def register_secrets(settings: Settings) -> None:

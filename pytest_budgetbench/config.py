@@ -13,7 +13,7 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -30,6 +30,8 @@ from pytest_budgetbench.options import (
     rate,
     seconds,
 )
+from pytest_budgetbench.shards import AUTO as AUTO_SHARD
+from pytest_budgetbench.shards import shard_from_environment
 from pytest_budgetbench.task_grammar import (
     DEFINITION_EXAMPLE,
     TaskDefinition,
@@ -120,14 +122,32 @@ def parse_grader_variants(raw: str) -> dict[str, str]:
     return chosen
 
 
-def parse_shard(raw: str) -> tuple[int, int]:
+def parse_shard(raw: str) -> tuple[int, int] | str:
+    """``i/n``, or :data:`~pytest_budgetbench.shards.AUTO`, which :func:`load_settings`
+    resolves from the job engine's environment."""
+    if raw.lower() == AUTO_SHARD:
+        return AUTO_SHARD
     index, slash, count = raw.partition("/")
     if slash and is_count(index) and is_count(count) and 1 <= int(index) <= int(count):
         return int(index), int(count)
     raise ConfigError(
-        f"--budgetbench-shard must be i/n with 1 <= i <= n, e.g. --budgetbench-shard=2/4 "
-        f"(got {raw!r})"
+        f"--budgetbench-shard must be i/n with 1 <= i <= n, e.g. --budgetbench-shard=2/4, "
+        f"or auto (from a Kubernetes Indexed Job or a SLURM array) (got {raw!r})"
     )
+
+
+def resolve_shard(
+    value: tuple[int, int] | str | None, origin: str, environ: Mapping[str, str]
+) -> tuple[tuple[int, int] | None, str | None]:
+    """The shard and where it came from (``Settings.shard_source``): ``auto`` read from
+    the job engine's variables in ``environ``, else the option (its ``origin``) as given."""
+    if value is None:
+        return None, None
+    if value == AUTO_SHARD:
+        shard = shard_from_environment(environ)
+        return (shard.index, shard.count), shard.source
+    assert isinstance(value, tuple)
+    return value, origin
 
 
 def parse_tokenizer(raw: str) -> str:
@@ -189,6 +209,10 @@ class Settings:
     cache_path: str | None = None
     resume: str | None = None
     shard: tuple[int, int] | None = None
+    """Shard (index from 1, count); ``auto`` is resolved before Settings are made."""
+    shard_source: str | None = None
+    """Where ``shard`` came from, for run.json: the option, or the job engine's variables
+    that ``auto`` read (e.g. ``SLURM array: SLURM_ARRAY_TASK_ID=5 (...)``)."""
     concurrency: int | None = None
     strategy_options: dict[str, str] | None = None
     """--budgetbench-strategy-options as given: each key must be declared by a strategy of
@@ -355,7 +379,10 @@ OPTIONS: tuple[Option, ...] = (
           "cells recorded ok or violation are kept, errors and missing cells run",
           str, metavar="RUN_DIR|latest"),
     _core("shard", "run shard i of n; items are split, so paired cells stay together "
-          "(merge with: budgetbench report DIR DIR ...)", parse_shard, metavar="i/n"),
+          "(merge with: budgetbench report DIR DIR ...); auto: i and n from a Kubernetes "
+          "Indexed Job (JOB_COMPLETION_INDEX, BUDGETBENCH_SHARD_COUNT), a SLURM array "
+          "(SLURM_ARRAY_TASK_*) or BUDGETBENCH_SHARD_INDEX (0-based) and "
+          "BUDGETBENCH_SHARD_COUNT", parse_shard, env="BUDGETBENCH_SHARD", metavar="i/n|auto"),
     _core("concurrency", "model requests in flight at once, across xdist workers; "
           "without xdist, N>1 runs N cells concurrently (default: one per process)",
           positive_int, metavar="N"),
@@ -415,6 +442,8 @@ def load_settings(
             values[spec.dest] = value
         elif raw is not None:
             sections[spec.section][spec.key] = ini_text(raw).strip()
+    values["shard"], values["shard_source"] = resolve_shard(
+        values["shard"], _shard_origin(get_option, get_ini), os.environ)
     values["tasks"], inline = task_entries(values["tasks"])
     values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
     settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),
@@ -431,3 +460,10 @@ def load_settings(
             f"(endpoint given: {settings.judge_endpoint})"
         )
     return settings
+
+
+def _shard_origin(get_option: Callable[[str], Any], get_ini: Callable[[str], Any]) -> str:
+    """Which of its places gave --budgetbench-shard (its flag, ini, then env win in turn)."""
+    if get_option("shard") is not None:
+        return "--budgetbench-shard"
+    return "ini budgetbench_shard" if get_ini("budgetbench_shard") else "env BUDGETBENCH_SHARD"

@@ -303,6 +303,8 @@ class BudgetBenchSession:
         state: dict[str, Any] = {
             "run_dir": str(self.store.run_dir), "endpoint": vars(self.endpoint),
             "aux_endpoints": {name: vars(e) for name, e in self.aux_endpoints.items()}}
+        if self.settings.shard is not None:  # resolved here once: a worker reads no engine
+            state["shard"] = [*self.settings.shard, self.settings.shard_source]
         if self.server is not None:
             if self._launch_service is None:
                 from pytest_budgetbench.embedded import LaunchService

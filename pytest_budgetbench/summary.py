@@ -39,6 +39,10 @@ def start_session(config: pytest.Config, session: BudgetBenchSession) -> None:
     for note in session.notes:
         if reporter is not None:
             reporter.write_line(redact(f"budgetbench: warning: {note}"), yellow=True)
+    shard = session.settings.shard
+    if reporter is not None and shard is not None:  # a job's log says which part it ran
+        reporter.write_line(f"budgetbench: shard {shard[0]}/{shard[1]} "
+                            f"({session.settings.shard_source})")
 
 
 def starting_line(config: pytest.Config, session: BudgetBenchSession,
