@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from pytest_budgetbench.cli import main
-from pytest_budgetbench.config import load_settings
+from pytest_budgetbench.config import Settings, load_settings
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.shards import Shard, shard_from_environment
 from tests.fake_openai import FakeOpenAI
@@ -109,7 +110,7 @@ def test_an_unknown_shard_is_one_line_naming_the_variables_and_the_fix(
 
 
 # -- the option: flag, ini and env twins ---------------------------------------------------
-def settings(option: str | None = None, ini: str = ""):  # type: ignore[no-untyped-def]
+def settings(option: str | None = None, ini: str = "") -> Settings:
     return load_settings(lambda dest: option if dest == "shard" else None,
                          lambda name: ini if name == "budgetbench_shard" else "")
 
@@ -257,3 +258,36 @@ def test_xdist_workers_run_the_shard_their_controller_resolved(
     assert run.name.endswith("-shard2of2")
     rows = [json.loads(line) for line in (run / "cells.jsonl").open()]
     assert {row["item_id"] for row in rows} == {"0001", "0003"}
+
+
+# -- the manual's examples: each engine's job runs every shard once ----------------------
+SHARDS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reruns-xdist-shards.md"
+
+
+def _fenced(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", SHARDS_PAGE.read_text(encoding="utf-8"),
+                      re.MULTILINE | re.DOTALL)
+
+
+def test_the_manuals_indexed_job_runs_each_shard_once() -> None:
+    yaml = pytest.importorskip("yaml")
+    documents = [doc for block in _fenced("yaml") for doc in yaml.safe_load_all(block)]
+    (job,) = [doc for doc in documents if doc.get("kind") == "Job"
+              and doc["spec"].get("completionMode") == "Indexed"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {entry["name"]: entry["value"] for entry in container["env"]}
+    assert "--budgetbench-shard=auto" in container["command"]
+    completions = job["spec"]["completions"]
+    shards = {(s.index, s.count) for s in (shard_from_environment(
+        {**env, "JOB_COMPLETION_INDEX": str(index)}) for index in range(completions))}
+    assert shards == {(i, completions) for i in range(1, completions + 1)}
+
+
+def test_the_manuals_sbatch_array_runs_each_shard_once() -> None:
+    (script,) = [block for block in _fenced("bash") if "#SBATCH --array=" in block]
+    assert "--budgetbench-shard=auto" in script
+    first, last = map(int, re.search(r"#SBATCH --array=(\d+)-(\d+)\n", script).groups())
+    count = last - first + 1
+    shards = {(s.index, s.count) for s in (shard_from_environment(slurm(task, first, count))
+                                            for task in range(first, last + 1))}
+    assert shards == {(i, count) for i in range(1, count + 1)}
