@@ -442,8 +442,10 @@ def load_settings(
             values[spec.dest] = value
         elif raw is not None:
             sections[spec.section][spec.key] = ini_text(raw).strip()
+    # No sweep, no shard: an ini's `auto` must not stop `pytest tests/test_x.py` outside a job.
     values["shard"], values["shard_source"] = resolve_shard(
-        values["shard"], _shard_origin(get_option, get_ini), os.environ)
+        values["shard"] if values["budgets"] else None, _shard_origin(get_option, get_ini),
+        os.environ)
     values["tasks"], inline = task_entries(values["tasks"])
     values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
     settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),

@@ -110,9 +110,10 @@ def test_an_unknown_shard_is_one_line_naming_the_variables_and_the_fix(
 
 
 # -- the option: flag, ini and env twins ---------------------------------------------------
-def settings(option: str | None = None, ini: str = "") -> Settings:
-    return load_settings(lambda dest: option if dest == "shard" else None,
-                         lambda name: ini if name == "budgetbench_shard" else "")
+def settings(option: str | None = None, ini: str = "", budgets: str | None = "1024"
+             ) -> Settings:
+    given = {"shard": option, "budgets": budgets}
+    return load_settings(given.get, lambda name: ini if name == "budgetbench_shard" else "")
 
 
 @pytest.mark.parametrize("where", ["flag", "ini", "env"])
@@ -139,6 +140,13 @@ def test_an_explicit_shard_says_which_option_gave_it(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("BUDGETBENCH_SHARD", "2/2")
     assert (settings().shard, settings().shard_source) == ((2, 2), "env BUDGETBENCH_SHARD")
     assert settings(option="3/4").shard == (3, 4)  # the flag wins over the env
+
+
+def test_without_a_sweep_auto_reads_nothing_and_stops_nothing() -> None:
+    # An ini that says auto for its jobs: `pytest tests/test_x.py` on a laptop still runs.
+    assert settings(ini="auto", budgets=None).shard is None
+    with pytest.raises(ConfigError, match="found no job engine's variables"):
+        settings(ini="auto")
 
 
 def test_a_bad_shard_names_auto_as_an_alternative() -> None:
