@@ -18,7 +18,9 @@ runs would leave items out of the merged report unnoticed. Shards are numbered f
 Anything that leaves the shard unknown (no convention's variables, two conventions' at
 once, an index without a count, ids that are not a range) is a :class:`ConfigError` that
 names the variables and says how to fix them, before any cell runs. The controller resolves
-the shard once and hands it to xdist workers (:mod:`~pytest_budgetbench.session`).
+the shard once, when it loads its settings, and hands it to its xdist workers with the
+run's state (``BudgetBenchSession.worker_state``), whose settings take it instead of their
+own environment's (``arguments.settings_of``).
 """
 
 from __future__ import annotations
