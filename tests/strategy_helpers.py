@@ -16,6 +16,7 @@ from pytest_budgetbench.budget import GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
+from pytest_budgetbench.structured import Schema
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
 from tests.fake_openai import FakeOpenAI, reading_responder
@@ -52,17 +53,22 @@ def memory_items(items: int, history_tokens: int) -> list[Item]:
 
 class ScriptedAux:
     """An auxiliary model for the memory-system tests: ``reply(prompt)`` answers; every call
-    is recorded (purpose, counted tokens, prompt) and must fit ``limit`` tokens."""
+    is recorded (purpose, counted tokens, prompt, and the schema it asked for) and must fit
+    ``limit`` tokens."""
 
     def __init__(self, tokens: TokenCounter, limit: int,
                  reply: Callable[[Sequence[Message]], str]) -> None:
         self.tokens, self.limit, self.reply = tokens, limit, reply
         self.calls: list[tuple[str, int, list[Message]]] = []
+        self.schemas: dict[str, Schema | None] = {}
+        """The schema each purpose's calls asked for (the last call's)."""
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
         counted = self.tokens.count_messages(messages)
         assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
         self.calls.append((purpose, counted, list(messages)))
+        self.schemas[purpose] = schema
         return self.reply(messages)
 
     def purposes(self) -> list[str]:

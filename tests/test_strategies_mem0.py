@@ -318,7 +318,7 @@ AUDIT = textwrap.dedent("""
     from tests.strategy_helpers import memory_items
 
     class Aux:
-        def complete(self, messages, *, max_tokens, purpose):
+        def complete(self, messages, *, max_tokens, purpose, schema=None):
             return '{"memory": [{"id": "0", "text": "User has a parrot called Rufus"}]}'
 
     tokens = ApproxCounter()
