@@ -92,16 +92,22 @@ def scripted_responder(kind_of: Callable[[Sequence[Message]], str], replies: dic
 
 def graded_sweep(pytester: pytest.Pytester, tmp_path: Path,
                  responder: Callable[[list[dict[str, Any]]], str] | None, cells: int,
-                 *args: str) -> list[dict[str, Any]]:
-    """Run a sweep against a fake endpoint answering with ``responder``; every one of its
-    ``cells`` cells must pass, be ok, fit its budget and be graded. Returns the rows."""
+                 *args: str, fake: FakeOpenAI | None = None) -> list[dict[str, Any]]:
+    """Run a sweep against a fake endpoint answering with ``responder`` (``fake``, when
+    given: the test's, started and stopped by it); every one of its ``cells`` cells must
+    pass, be ok, fit its budget and be graded. Returns the rows."""
     from tests.test_plugin import rows_of, sweep_args
 
-    fake = FakeOpenAI(responder=responder).start() if responder else FakeOpenAI().start()
-    try:
+    if fake is not None:
+        if responder:
+            fake.responder = responder
         result = pytester.runpytest(*sweep_args(fake, tmp_path, *args))
-    finally:
-        fake.stop()
+    else:
+        fake = FakeOpenAI(responder=responder).start() if responder else FakeOpenAI().start()
+        try:
+            result = pytester.runpytest(*sweep_args(fake, tmp_path, *args))
+        finally:
+            fake.stop()
     result.assert_outcomes(passed=cells)
     rows = rows_of(tmp_path)
     assert len(rows) == cells and {r["status"] for r in rows} == {"ok"}
