@@ -6,14 +6,15 @@ Endpoints constrain decoding to a schema through ``response_format``, in one of 
 - ``json_schema``: ``{"type": "json_schema", "json_schema": {"name", "schema"}}``, as
   OpenAI (structured outputs), vLLM (guided decoding) and llama.cpp's own server take it;
 - ``json_object``: ``{"type": "json_object", "schema": {...}}``, the only form
-  llama-cpp-python's server (the embedded model's) takes: it answers the other with 422.
+  llama-cpp-python's server (the embedded model's) takes: it answers the other with a
+  500 whose body is the validation error (0.3.x).
 
 ``--budgetbench-structured-output`` chooses: ``auto`` (default) finds the form with a
 probe, ``json_schema`` or ``json_object`` sends that form unprobed, ``off`` sends none.
 The probe is a tiny request (a one-field schema, a few tokens): the first form the
-endpoint accepts (no 400/422) and answers with JSON that fits the probe's schema is the
-endpoint's form, else the first it accepts; when it rejects both, the form is ``none``
-and nothing is sent. Either way the
+endpoint accepts (no error) and answers with JSON that fits the probe's schema is the
+endpoint's form, else the first it accepts; when it fails on both, the form is ``none``
+and nothing is sent (see :func:`probe`). Either way the
 strategies' lenient parsing reads the reply, and a reply it cannot use is counted as an
 ``aux_failure`` exactly as before: a schema makes fewer of them, never hides one.
 
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_budgetbench.errors import RequestRejected
+from pytest_budgetbench.errors import EndpointError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model import ChatBackend, Completion
 
@@ -87,21 +88,27 @@ def follows_probe(text: str) -> bool:
 def probe(chat: ChatBackend) -> Form:
     """The first form ``chat``'s endpoint accepts and follows; else the first it accepts
     (sending it does no harm: its replies are parsed as leniently as any); ``none`` when
-    it rejects both.
+    it takes neither.
 
-    A rejection (400/422) tries the next form; any other failure of the endpoint is
-    raised, as for any request, and nothing is kept."""
+    A form the endpoint fails on is not taken: a 400 or 422, and also a 500 after the
+    client's retries (llama-cpp-python's server answers a ``json_schema`` it cannot read
+    with a 500 whose body is the validation error). When both fail, the probe is sent once
+    more without a ``response_format``: its failure (the endpoint is down) is raised, as
+    for any request, and nothing is kept; its success means ``none``."""
     accepted: list[Form] = []
     for form in FORMS:
         try:
             reply = chat.complete(PROBE_MESSAGES, max_tokens=PROBE_MAX_TOKENS,
                                   response_format=response_format(form, PROBE_SCHEMA))
-        except RequestRejected:
+        except EndpointError:
             continue
         if follows_probe(reply.text):
             return form
         accepted.append(form)
-    return accepted[0] if accepted else "none"
+    if accepted:
+        return accepted[0]
+    chat.complete(PROBE_MESSAGES, max_tokens=PROBE_MAX_TOKENS)  # raises when it is down
+    return "none"
 
 
 class StructuredOutput:

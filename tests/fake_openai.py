@@ -26,9 +26,9 @@ A request with a ``response_format`` of a type in ``response_formats`` (both
 answered by the responder as any other; with ``constrained = True`` as constrained
 decoding would: the responder's reply when it is JSON, else the least value of the
 request's schema (:func:`least_instance`). Another type is refused with
-``reject_status`` (422, as llama-cpp-python's server refuses ``json_schema``); so
-``response_formats = {"json_object"}`` is llama-cpp-python and ``set()`` a server that
-takes none.
+``reject_status`` (400; llama-cpp-python's server answers ``json_schema`` with a 500);
+so ``response_formats = {"json_object"}`` with ``reject_status = 500`` is
+llama-cpp-python, and ``set()`` a server that takes none.
 
 A responder returns the reply's text, or a dict of the assistant message's fields
 (``{"content": None, "tool_calls": [...]}``) for a reply with tool calls. Usage counts a
@@ -164,7 +164,7 @@ class FakeOpenAI:
         self.drip_routes: set[str] = set()
         self.response_formats: set[str] = {"json_schema", "json_object"}
         """The ``response_format`` types it takes; another is refused with ``reject_status``."""
-        self.reject_status = 422
+        self.reject_status = 400
         self.constrained = False
         self.tokenize_routes: set[str] = set()
         """Tokenizer routes it serves: "vllm" (/tokenize, messages in, count out),

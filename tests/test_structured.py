@@ -14,7 +14,7 @@ import pytest
 from pytest_budgetbench.aux_model import RecordedAuxModel
 from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.cache import CachingChatModel, ResponseStore, request_key
-from pytest_budgetbench.errors import RequestRejected
+from pytest_budgetbench.errors import EndpointError, RequestRejected
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model import ChatModel
 from pytest_budgetbench.strategies.mem0 import EXTRACTION_SCHEMA
@@ -60,23 +60,31 @@ def test_the_two_forms_carry_the_schema_where_each_server_reads_it() -> None:
 
 
 @pytest.mark.parametrize(
-    ("takes", "found", "tried"),
-    [({"json_schema", "json_object"}, "json_schema", ["json_schema"]),  # OpenAI, vLLM
-     ({"json_object"}, "json_object", ["json_schema", "json_object"]),  # llama-cpp-python
-     (set(), "none", ["json_schema", "json_object"])],  # a server that takes neither
+    ("takes", "status", "found", "tried"),
+    [({"json_schema", "json_object"}, 400, "json_schema", ["json_schema"]),  # OpenAI, vLLM
+     ({"json_object"}, 500, "json_object", ["json_schema", "json_object"]),  # llama-cpp-py
+     ({"json_object"}, 422, "json_object", ["json_schema", "json_object"]),
+     (set(), 400, "none", ["json_schema", "json_object"])],  # a server that takes neither
 )
 def test_the_probe_finds_the_form_the_endpoint_takes(
-    fake: FakeOpenAI, takes: set[str], found: str, tried: list[str],
+    fake: FakeOpenAI, takes: set[str], status: int, found: str, tried: list[str],
 ) -> None:
-    fake.response_formats, fake.constrained = takes, True
+    fake.response_formats, fake.reject_status, fake.constrained = takes, status, True
     assert probe(chat_of(fake)) == found
     assert probes(fake) == tried
+
+
+def test_a_probe_of_an_endpoint_that_fails_on_everything_raises(fake: FakeOpenAI) -> None:
+    fake.faults = ["500", "500", "500"]  # both forms, then the probe without one
+    with pytest.raises(EndpointError, match="500"):
+        probe(chat_of(fake))
+    assert len(fake.requests) == 3
 
 
 def test_a_rejected_response_format_is_a_request_rejected_error_never_retried(
     fake: FakeOpenAI,
 ) -> None:
-    fake.response_formats = {"json_object"}
+    fake.response_formats, fake.reject_status = {"json_object"}, 422
     chat = ChatModel(fake.base_url, fake.model, attempts=3, backoff_s=0.0)
     with pytest.raises(RequestRejected, match="422"):
         chat.complete(QUESTION, max_tokens=8,
