@@ -3,11 +3,13 @@
 A request is addressed by its content: the endpoint (redacted), the model id, the
 generation parameters and the exact messages; a request with tools also by its tools and
 the client's tool-call parser (:mod:`~pytest_budgetbench.tool_parser`), which makes the
-reply's calls. A reply keeps its text, its usage and its tool calls. Replies live in
-SQLite, so every xdist worker, every thread and every later run shares them. A request
-that another process or thread is already sending is *claimed*: the others wait for its
-reply instead of sending it again, which is how identical prompts are sent once within a
-run. A claim whose owner died (SIGKILL, say) is taken over.
+reply's calls; a request with a ``response_format`` also by it (the form an endpoint takes
+is kept here too, under a key of its own: :mod:`~pytest_budgetbench.structured`). A reply
+keeps its text, its usage and its tool calls. Replies live in SQLite, so every xdist
+worker, every thread and every later run shares them. A request that another process or
+thread is already sending is *claimed*: the others wait for its reply instead of sending
+it again, which is how identical prompts are sent once within a run. A claim whose owner
+died (SIGKILL, say) is taken over.
 
 A reply served from the store keeps the latency of the call that produced it, and says
 ``cached=True``, so tables report the model's real speed.
@@ -40,7 +42,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -93,14 +95,18 @@ CREATE TABLE IF NOT EXISTS claims (
 
 
 def request_key(endpoint: str, model: str, params: dict[str, Any],
-                messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> str:
+                messages: Sequence[Message], tools: Sequence[Tool] | None = None,
+                response_format: Mapping[str, Any] | None = None) -> str:
     """The content address of one chat request; ``endpoint`` names who answers it (a URL,
     redacted here, or the embedded model's identity, which outlives its port). A request
-    with tools keys on them too; one without keeps the key it always had."""
+    with tools or a ``response_format`` keys on them too; one without keeps the key it
+    always had."""
     request: dict[str, Any] = {"endpoint": redact_url(endpoint), "model": model,
                                "params": params, "messages": list(messages)}
     if tools:
         request["tools"] = list(tools)
+    if response_format:
+        request["response_format"] = dict(response_format)
     canonical = json.dumps(
         request,
         sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
@@ -505,27 +511,35 @@ class CachingChatModel:
         return self._chat.params
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
-                 tools: Sequence[Tool] | None = None) -> Completion:
+                 tools: Sequence[Tool] | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> Completion:
         params = {**self.params, "max_tokens": max_tokens}
         if tools:  # the parser makes the reply's calls; a request without tools keeps its key
             params["tool_parser"] = self._chat.tool_parser
-        key = request_key(self.endpoint, self.model, params, messages, tools)
-        delay = self._poll_s
-        while True:
-            found = self._store.lookup(key)
-            if found is not None:
-                return found
-            if self._store.claim(key):
-                return self._send(key, messages, max_tokens, tools)
-            time.sleep(delay)  # someone else is sending this very request
-            delay = min(delay * 2, 1.0)
+        key = request_key(self.endpoint, self.model, params, messages, tools, response_format)
+        return once(self._store, key, lambda: self._chat.complete(
+            messages, max_tokens=max_tokens, tools=tools, response_format=response_format),
+            self._poll_s)
 
-    def _send(self, key: str, messages: Sequence[Message], max_tokens: int,
-              tools: Sequence[Tool] | None) -> Completion:
-        try:
-            completion = self._chat.complete(messages, max_tokens=max_tokens, tools=tools)
-        except BaseException:
-            self._store.release(key)  # a waiter then sends it itself
-            raise
-        self._store.store(key, completion)
-        return replace(completion, cached=False)
+
+def once(store: ResponseStore, key: str, make: Callable[[], Completion],
+         poll_s: float = 0.05) -> Completion:
+    """The stored answer at ``key``, else ``make()``'s, stored: made once across threads,
+    workers and runs. While another holds the claim on ``key`` this waits for its answer;
+    when ``make`` raises, the claim is released (a waiter then makes it itself)."""
+    delay = poll_s
+    while True:
+        found = store.lookup(key)
+        if found is not None:
+            return found
+        if store.claim(key):
+            break
+        time.sleep(delay)  # someone else is making this very answer
+        delay = min(delay * 2, 1.0)
+    try:
+        completion = make()
+    except BaseException:
+        store.release(key)
+        raise
+    store.store(key, completion)
+    return replace(completion, cached=False)

@@ -185,6 +185,7 @@ class Settings:
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
     tool_parser: Literal["auto", "hermes", "none"] = "auto"
+    structured_output: Literal["auto", "json_schema", "json_object", "off"] = "auto"
     out: str = "reports"
     audit: Literal["full", "hash", "off"] = "full"
     max_violation_rate: float | None = None
@@ -333,6 +334,9 @@ OPTIONS: tuple[Option, ...] = (
     _core("tool_parser", "read tool calls from a reply's text when the endpoint returns "
           "none (Hermes <tool_call> blocks, fenced or bare JSON): auto (the embedded "
           "model only) | hermes | none", _choices_of("tool_parser")),
+    _core("structured_output", "how an auxiliary call that expects JSON asks the endpoint "
+          "for it (a JSON schema as response_format): auto (probe the endpoint once) | "
+          "json_schema | json_object | off", _choices_of("structured_output")),
     _core("out", "directory for run records", str, metavar="DIR"),
     _core("audit", "store post-strategy prompts: full | hash | off", _choices_of("audit")),
     _core("max_violation_rate", "fail the session when a non-reference strategy's "

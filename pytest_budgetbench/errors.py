@@ -17,6 +17,7 @@
     │   └── BaselineError          a baseline report.json cannot be read or has another schema
     └── EndpointError          the model endpoint failed: never an answer to grade
         ├── RequestTimeout         a request did not end within its deadline (retried first)
+        ├── RequestRejected        the endpoint refused the request as invalid (400, 422)
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -117,6 +118,11 @@ class EndpointError(BudgetBenchError):
 class RequestTimeout(EndpointError):
     """A request that did not end within its deadline (the whole request, reply included);
     the model client retries it, and the last one becomes an EndpointError that says so."""
+
+
+class RequestRejected(EndpointError):
+    """The endpoint answered 400 or 422: it does not take the request as sent (a
+    ``response_format`` it does not know, say). Never retried."""
 
 
 class EmbeddedServerError(EndpointError):

@@ -16,13 +16,13 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
-from pytest_budgetbench.errors import EndpointError, RequestTimeout
+from pytest_budgetbench.errors import EndpointError, RequestRejected, RequestTimeout
 from pytest_budgetbench.messages import Message, Tool, as_sent
 from pytest_budgetbench.redact import (
     first_line,
@@ -74,8 +74,11 @@ class ChatBackend(Protocol):
     cache around one, a test's fake. The runner, auxiliary calls and training need no more."""
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
-                 tools: Sequence[Tool] | None = None) -> Completion:
-        """The reply to ``messages``; ``tools``, when given, are sent with the request."""
+                 tools: Sequence[Tool] | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> Completion:
+        """The reply to ``messages``; ``tools`` and ``response_format`` (a JSON schema the
+        reply should follow, :mod:`~pytest_budgetbench.structured`), when given, are sent
+        with the request."""
         ...
 
 
@@ -207,6 +210,8 @@ class ChatModel:
             openai.InternalServerError,
         )
         self._api_error: type[Exception] = openai.APIError
+        self._rejected: tuple[type[Exception], ...] = (openai.BadRequestError,
+                                                       openai.UnprocessableEntityError)
         # The client's own post, not chat.completions.create: create() walks every message
         # through its TypedDict transform, about 10 ms per request on a 3K-token chat,
         # which was most of the harness's time per cell. The JSON sent is the same.
@@ -237,13 +242,16 @@ class ChatModel:
         )
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
-                 tools: Sequence[Tool] | None = None) -> Completion:
+                 tools: Sequence[Tool] | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> Completion:
         self._url()  # a server started on demand starts here, outside the request's deadline
         body: dict[str, Any] = {"model": self.model, "messages": as_sent(messages),
                                 "max_tokens": max_tokens, "temperature": self.temperature,
                                 "seed": self.seed}
         if tools:
             body["tools"] = list(tools)
+        if response_format:
+            body["response_format"] = dict(response_format)
 
         def post(client: Any) -> Any:
             return client.post("/chat/completions", cast_to=self._completion_type, body=body)
@@ -262,6 +270,8 @@ class ChatModel:
                 time.sleep(self._delay(attempt, exc))
                 continue
             # "from None": the chained exception's text is the server's, unredacted.
+            except self._rejected as exc:
+                raise RequestRejected(self._describe_failure(exc, attempt)) from None
             except self._api_error as exc:
                 raise EndpointError(self._describe_failure(exc, attempt)) from None
             except ValueError as exc:  # undecodable body

@@ -37,6 +37,7 @@ from pytest_budgetbench.messages import Message, Tool, check_messages, check_too
 from pytest_budgetbench.model import ChatBackend, Completion
 from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
+from pytest_budgetbench.structured import StructuredOutput
 from pytest_budgetbench.tasks import EpisodicTask, Item, Task
 
 T = TypeVar("T")
@@ -105,6 +106,7 @@ class Runner:
         chat: ChatBackend,
         embedder_factory: Callable[[], Embedder] | None = None,
         aux_chats: dict[str, ChatBackend] | None = None,
+        structured: Mapping[str, StructuredOutput] | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = catalog
@@ -115,6 +117,9 @@ class Runner:
         self.chat = chat
         self.embedder_factory = embedder_factory
         self.aux_chats = aux_chats or {}
+        self.structured = dict(structured or {})
+        """How each auxiliary model's endpoint takes a JSON schema, by label (``aux`` for
+        the sweep's own endpoint); a model without an entry is sent none."""
         # Strategies keep per-item state, so each thread (--budgetbench-concurrency) has its own.
         self._local = threading.local()
 
@@ -276,7 +281,8 @@ class Runner:
             ) from exc
 
     def _context(self, cell: Cell, item: Item, strategy: Strategy) -> StrategyContext:
-        aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id)
+        aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id,
+                               structured=self.structured.get("aux"))
         settings = self.settings
         return StrategyContext(
             tokens=self.tokens.with_tools(item.tools),
@@ -284,7 +290,8 @@ class Runner:
             item_id=f"{cell.task}/{item.item_id}",
             seed=settings.seed,
             aux=aux,
-            aux_models={name: aux.sibling(chat, name) for name, chat in self.aux_chats.items()},
+            aux_models={name: aux.sibling(chat, name, self.structured.get(name))
+                        for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
             work_dir=self.store.run_dir / STRATEGY_FILES,
             options={"embedding_model": settings.embedding_model,
@@ -402,7 +409,7 @@ class Runner:
         """The strategy's auxiliary calls (every named model's) and its own notes."""
         assert isinstance(context.aux, RecordedAuxModel)
         calls = context.aux.calls
-        row.aux_calls = [vars(call) for call in calls]
+        row.aux_calls = [call.row() for call in calls]
         row.aux_input_tokens = sum(c.input_tokens for c in calls)
         row.aux_output_tokens = sum(c.output_tokens or 0 for c in calls)
         row.aux_s = round(sum(c.latency_s for c in calls), 4)

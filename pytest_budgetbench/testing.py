@@ -66,6 +66,7 @@ from pytest_budgetbench.messages import (
 )
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
+from pytest_budgetbench.structured import Schema
 
 
 class EchoAuxModel:
@@ -77,7 +78,9 @@ class EchoAuxModel:
         self.budget = budget
         self.calls = 0
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
+        """``schema`` is taken and ignored, as by an endpoint that takes none."""
         check = BudgetCheck(self.tokens.count_messages(messages), self.budget)
         enforce(f"conformance (auxiliary call '{purpose}')", purpose, check, self.tokens)
         self.calls += 1

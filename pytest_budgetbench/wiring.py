@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pytest_budgetbench.cache import ResponseStore, SharedDatabase
     from pytest_budgetbench.embedded import Launcher
     from pytest_budgetbench.strategies import Embedder
+    from pytest_budgetbench.structured import StructuredOutput
 
 
 
@@ -222,6 +223,16 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
     return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
 
 
+def structured_output(settings: Settings, endpoint: Endpoint, chat: ChatBackend,
+                      response_store: ResponseStore | None) -> StructuredOutput:
+    """How ``endpoint`` takes a JSON schema (--budgetbench-structured-output): probed
+    through ``chat`` on first use under auto, the form kept in the response cache."""
+    from pytest_budgetbench.structured import StructuredOutput
+
+    return StructuredOutput(settings.structured_output, chat, identity=endpoint.identity,
+                            model=endpoint.model, memo=response_store)
+
+
 def embedding_store_path(settings: Settings, run_dir: Path) -> Path:
     """The persistent embedding cache, ``embeddings.sqlite`` (see :func:`derived_store_path`)."""
     from pytest_budgetbench.embeddings import STORE_FILE
@@ -283,6 +294,11 @@ def make_runner(
         return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir,
                          launcher=launcher)
 
+    main_chat = chat(endpoint, launcher)
+    aux_chats = {name: chat(target) for name, target in (aux_endpoints or {}).items()}
+    structured = {"aux": structured_output(settings, endpoint, main_chat, response_store)}
+    for name, target in (aux_endpoints or {}).items():
+        structured[name] = structured_output(settings, target, aux_chats[name], response_store)
     return Runner(
         settings,
         catalog,
@@ -290,8 +306,9 @@ def make_runner(
         store,
         run_id,
         tokens=tokens,
-        chat=chat(endpoint, launcher),
+        chat=main_chat,
         embedder_factory=embedder_factory(settings,
                                           embedding_store_path(settings, store.run_dir)),
-        aux_chats={name: chat(target) for name, target in (aux_endpoints or {}).items()},
+        aux_chats=aux_chats,
+        structured=structured,
     )

@@ -21,6 +21,15 @@ HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
 string, so tests can check that an endpoint's ``?key=…`` reaches the server, and
 ``authorizations`` each request's ``Authorization`` header ("" when none).
 
+A request with a ``response_format`` of a type in ``response_formats`` (both
+``json_schema`` and ``json_object`` by default, as vLLM and llama.cpp take them) is
+answered by the responder as any other; with ``constrained = True`` as constrained
+decoding would: the responder's reply when it is JSON, else the least value of the
+request's schema (:func:`least_instance`). Another type is refused with
+``reject_status`` (400; llama-cpp-python's server answers ``json_schema`` with a 500);
+so ``response_formats = {"json_object"}`` with ``reject_status = 500`` is
+llama-cpp-python, and ``set()`` a server that takes none.
+
 A responder returns the reply's text, or a dict of the assistant message's fields
 (``{"content": None, "tool_calls": [...]}``) for a reply with tool calls. Usage counts a
 request's ``tools`` too.
@@ -109,6 +118,33 @@ def agent_responder(messages: list[dict[str, Any]]) -> str | dict[str, Any]:
     return found[-1] if found else "unknown"
 
 
+def least_instance(schema: dict[str, Any]) -> Any:
+    """The smallest value that fits ``schema`` (the subset the harness's schemas use)."""
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return least_instance(schema["anyOf"][0])
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        return {key: least_instance(properties.get(key, {}))
+                for key in schema.get("required", [])}
+    if kind == "array":
+        return [least_instance(schema.get("items", {}))
+                for _ in range(schema.get("minItems", 0))]
+    return {"string": "x" * schema.get("minLength", 0), "integer": 0, "number": 0,
+            "boolean": True, "null": None}.get(str(kind))
+
+
+def schema_of(response_format: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema a ``response_format`` carries, in either form."""
+    if response_format.get("type") == "json_schema":
+        return dict(response_format.get("json_schema", {}).get("schema", {}))
+    return dict(response_format.get("schema", {}))
+
+
 class FakeOpenAI:
     def __init__(self, responder: Responder = reading_responder, model: str = "fake-model",
                  port: int = 0):
@@ -126,6 +162,10 @@ class FakeOpenAI:
         self.drip_s = 1.0
         self.drip_bytes = 600
         self.drip_routes: set[str] = set()
+        self.response_formats: set[str] = {"json_schema", "json_object"}
+        """The ``response_format`` types it takes; another is refused with ``reject_status``."""
+        self.reject_status = 400
+        self.constrained = False
         self.tokenize_routes: set[str] = set()
         """Tokenizer routes it serves: "vllm" (/tokenize, messages in, count out),
         "extras" (llama-cpp-python's /extras/tokenize, text in, tokens out), "llama.cpp"
@@ -232,6 +272,12 @@ class FakeOpenAI:
                     self._send(404, b'{"error": "not found"}')
                     return
                 fake.requests.append(payload)
+                wanted = payload.get("response_format")
+                if wanted and wanted.get("type") not in fake.response_formats:
+                    self._send(fake.reject_status, json.dumps({"detail": [{
+                        "msg": f"unknown response_format type {wanted.get('type')!r}"}]
+                    }).encode())
+                    return
                 fake._enter()
                 try:
                     self._answer(payload)
@@ -295,9 +341,20 @@ class FakeOpenAI:
                 else:
                     self._send(200, self._completion(payload))
 
+            @staticmethod
+            def _constrained(reply: str, schema: dict[str, Any]) -> str:
+                try:
+                    json.loads(reply)
+                except ValueError:
+                    return json.dumps(least_instance(schema))
+                return reply
+
             def _completion(self, payload: dict[str, Any]) -> bytes:
                 messages = payload["messages"]
                 reply = fake.responder(messages)
+                if (fake.constrained and payload.get("response_format")
+                        and isinstance(reply, str)):
+                    reply = self._constrained(reply, schema_of(payload["response_format"]))
                 message = {"role": "assistant",
                            **(reply if isinstance(reply, dict) else {"content": reply})}
                 prompt_tokens = ApproxCounter().count_messages(messages, payload.get("tools"))

@@ -16,6 +16,7 @@ from pytest_budgetbench.budget import GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
+from pytest_budgetbench.structured import Schema
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
 from tests.fake_openai import FakeOpenAI, reading_responder
@@ -52,17 +53,22 @@ def memory_items(items: int, history_tokens: int) -> list[Item]:
 
 class ScriptedAux:
     """An auxiliary model for the memory-system tests: ``reply(prompt)`` answers; every call
-    is recorded (purpose, counted tokens, prompt) and must fit ``limit`` tokens."""
+    is recorded (purpose, counted tokens, prompt, and the schema it asked for) and must fit
+    ``limit`` tokens."""
 
     def __init__(self, tokens: TokenCounter, limit: int,
                  reply: Callable[[Sequence[Message]], str]) -> None:
         self.tokens, self.limit, self.reply = tokens, limit, reply
         self.calls: list[tuple[str, int, list[Message]]] = []
+        self.schemas: dict[str, Schema | None] = {}
+        """The schema each purpose's calls asked for (the last call's)."""
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
         counted = self.tokens.count_messages(messages)
         assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
         self.calls.append((purpose, counted, list(messages)))
+        self.schemas[purpose] = schema
         return self.reply(messages)
 
     def purposes(self) -> list[str]:
@@ -86,16 +92,22 @@ def scripted_responder(kind_of: Callable[[Sequence[Message]], str], replies: dic
 
 def graded_sweep(pytester: pytest.Pytester, tmp_path: Path,
                  responder: Callable[[list[dict[str, Any]]], str] | None, cells: int,
-                 *args: str) -> list[dict[str, Any]]:
-    """Run a sweep against a fake endpoint answering with ``responder``; every one of its
-    ``cells`` cells must pass, be ok, fit its budget and be graded. Returns the rows."""
+                 *args: str, fake: FakeOpenAI | None = None) -> list[dict[str, Any]]:
+    """Run a sweep against a fake endpoint answering with ``responder`` (``fake``, when
+    given: the test's, started and stopped by it); every one of its ``cells`` cells must
+    pass, be ok, fit its budget and be graded. Returns the rows."""
     from tests.test_plugin import rows_of, sweep_args
 
-    fake = FakeOpenAI(responder=responder).start() if responder else FakeOpenAI().start()
-    try:
+    if fake is not None:
+        if responder:
+            fake.responder = responder
         result = pytester.runpytest(*sweep_args(fake, tmp_path, *args))
-    finally:
-        fake.stop()
+    else:
+        fake = FakeOpenAI(responder=responder).start() if responder else FakeOpenAI().start()
+        try:
+            result = pytester.runpytest(*sweep_args(fake, tmp_path, *args))
+        finally:
+            fake.stop()
     result.assert_outcomes(passed=cells)
     rows = rows_of(tmp_path)
     assert len(rows) == cells and {r["status"] for r in rows} == {"ok"}

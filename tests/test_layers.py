@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
      "options", "task_grammar", "nodeids", "distributed", "userdirs", "shards"),
     ("budget", "framing", "model", "tool_parser", "endpoint", "aux_model", "embedded", "cache",
-     "embeddings", "config", "cells"),
+     "embeddings", "config", "cells", "structured"),
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "catalog", "episode", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),

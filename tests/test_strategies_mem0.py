@@ -23,6 +23,7 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.mem0 import (
+    EXTRACTION_SCHEMA,
     MEM0_WINDOW,
     MEMORIES,
     MEMORY_HEADER,
@@ -35,7 +36,7 @@ from pytest_budgetbench.strategies.mem0 import (
     sessions,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from tests.fake_openai import reading_responder
+from tests.fake_openai import FakeOpenAI, reading_responder
 from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, run_with_aux
 
 if importlib.util.find_spec("mem0") is None:  # not imported here: mem0 must first see
@@ -318,7 +319,7 @@ AUDIT = textwrap.dedent("""
     from tests.strategy_helpers import memory_items
 
     class Aux:
-        def complete(self, messages, *, max_tokens, purpose):
+        def complete(self, messages, *, max_tokens, purpose, schema=None):
             return '{"memory": [{"id": "0", "text": "User has a parrot called Rufus"}]}'
 
     tokens = ApproxCounter()
@@ -381,6 +382,46 @@ def test_no_network_no_telemetry_and_nothing_written_outside_mem0s_own_dir(
         assert [p.name for p in Path(private).iterdir()] == ["config.json"]
     else:
         assert list(tmp_path.iterdir()) == [home] and not Path(private).exists()
+
+
+@pytest.mark.parametrize("setting", ["auto", "off"])
+def test_a_sweep_asks_an_endpoint_for_the_extraction_schema_in_its_form_probed_once(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Like llama-cpp-python's server (json_object only, constraining its replies), an
+    endpoint gets mem0's schema on every extraction, probed once for the whole sweep (a
+    later run's probe: test_structured); its replies then always parse. Off: no schema,
+    and every malformed reply is a failure, as before."""
+    monkeypatch.setattr("pytest_budgetbench.wiring.embedder_factory",
+                        lambda _settings, _store: HashingEmbedder)
+    fake = FakeOpenAI().start()
+    request.addfinalizer(fake.stop)
+    fake.response_formats, fake.reject_status, fake.constrained = {"json_object"}, 500, True
+    args = ("--budgets=1024,1536", "--budgetbench-items=2", "--budgetbench-strategies=mem0",
+            "--budgetbench-strategy-options=mem0_window=1024",
+            "--budgetbench-task-options=history_tokens=2400",
+            f"--budgetbench-structured-output={setting}")
+    rows = graded_sweep(pytester, tmp_path, _sweep_reply(True), 4, *args, fake=fake)
+    calls = [call for row in rows for call in row["aux_calls"]]
+    extractions = [r for r in fake.requests if is_extraction(r["messages"])]
+    assert calls and len(extractions) == len(calls)
+    probes = [r for r in fake.requests if not is_extraction(r["messages"])
+              and "response_format" in r]
+    failures = sum(row["aux_failures"] for row in rows)
+    if setting == "off":
+        assert probes == [] and all("response_format" not in r for r in extractions)
+        assert {call["response_format"] for call in calls} == {"none"}
+        assert failures == len(calls)  # every malformed reply counted, as without schemas
+        return
+    # llama-cpp-python's 500 is retried (3 attempts), once for the whole sweep.
+    assert [p["response_format"]["type"] for p in probes] == ["json_schema"] * 3 + [
+        "json_object"]
+    assert all(r["response_format"] == {"type": "json_object",
+                                        "schema": EXTRACTION_SCHEMA.schema}
+               for r in extractions)
+    assert {call["response_format"] for call in calls} == {"json_object"}
+    assert failures == 0  # the constrained replies follow the schema
 
 
 def _sweep_reply(malformed: bool) -> Callable[[list[dict[str, Any]]], str]:

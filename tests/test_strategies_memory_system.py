@@ -15,6 +15,7 @@ from pytest_budgetbench.strategies._memory_system import (
     json_values,
 )
 from pytest_budgetbench.strategies.base import StrategyContext
+from pytest_budgetbench.structured import Schema
 
 
 @dataclass
@@ -32,7 +33,8 @@ class RecordingAux:
         self.tokens = ApproxCounter()
         self.calls: list[Recorded] = []
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
         self.calls.append(Recorded(7.5, self.tokens.count_messages(messages)))
         return "a reply"
 

@@ -1,7 +1,10 @@
 """What every memory-system strategy (memgpt, mem0, amem) shares.
 
 - :func:`ask`: one auxiliary call whose prompt is cut to a token limit (the material is
-  clipped from its end), with its counted tokens added to a phase's :class:`Cost`;
+  clipped from its end), with its counted tokens added to a phase's :class:`Cost`, and
+  the JSON schema its reply should follow, where it has one (each schema lives beside
+  the parser that reads the reply: ``mem0.EXTRACTION_SCHEMA``, ``amem.NOTE_SCHEMA`` and
+  ``amem.EVOLUTION_SCHEMA``, ``memgpt.EDIT_SCHEMA`` and ``memgpt.SEARCH_SCHEMA``);
 - :func:`json_values`: the JSON objects and arrays in a small model's reply, fenced or not
   (and, on request, repaired where it copied a template's Python literals or commas);
 - :func:`failed`: a reply the strategy could not use, counted on the row
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
+from pytest_budgetbench.structured import Schema
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
@@ -213,12 +217,14 @@ def recorded_latency(model: AuxiliaryModel, wall: float) -> float:
 
 
 def ask(context: StrategyContext, strategy: str, instruction: str, material: str,
-        request: str, *, limit: int, max_tokens: int, purpose: str, cost: Cost) -> str | None:
+        request: str, *, limit: int, max_tokens: int, purpose: str, cost: Cost,
+        schema: Schema | None = None) -> str | None:
     """The reply to ``instruction`` over ``material`` and ``request``, the material cut
     from its end until the prompt fits ``limit`` tokens; None (no call) when nothing fits.
 
     The call goes through the runner's auxiliary model, so it is also held to the cell's
-    budget, cached and recorded on the row with ``purpose``."""
+    budget, cached and recorded on the row with ``purpose``; ``schema``, the JSON schema
+    the reply's parser reads, goes with it (an endpoint that can constrains the reply)."""
     tokens = context.tokens
 
     def prompt(text: str) -> list[Message]:
@@ -232,7 +238,8 @@ def ask(context: StrategyContext, strategy: str, instruction: str, material: str
     material, counted = fitted
     model = auxiliary(context, strategy)
     started = time.perf_counter()
-    reply = model.complete(prompt(material), max_tokens=max_tokens, purpose=purpose)
+    reply = model.complete(prompt(material), max_tokens=max_tokens, purpose=purpose,
+                           schema=schema)
     cost.model_s += recorded_latency(model, time.perf_counter() - started)
     reply = clip(context, reply.strip(), max_tokens)
     cost.aux_calls += 1

@@ -130,6 +130,7 @@ from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, quer
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE, unit_vector
+from pytest_budgetbench.structured import Schema
 
 EVOLVE_NEIGHBOURS = 5  # the package's find_related_memories(k=5)
 NOTE_REPLY_TOKENS = 160
@@ -310,6 +311,14 @@ MEMORIES: BuiltMemories[Memory] = BuiltMemories()
 NOTE_FIELDS = ("keywords", "context", "tags")
 
 
+_STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+NOTE_SCHEMA = Schema("amem_note", {
+    "type": "object",
+    "properties": {"keywords": _STRINGS, "context": {"type": "string"}, "tags": _STRINGS},
+    "required": list(NOTE_FIELDS), "additionalProperties": False})
+"""An analysis reply as :func:`parse_note` reads it (the package's own schema for it)."""
+
+
 def parse_note(reply: str) -> tuple[dict[str, Any], bool]:
     """The usable fields of an analysis reply (``keywords``, ``context``, ``tags``), and
     whether the reply was well formed (all three, of the right types)."""
@@ -339,6 +348,23 @@ class Evolution:
     update_neighbours: bool = False
     contexts: tuple[str | None, ...] = ()
     neighbour_tags: tuple[tuple[str, ...] | None, ...] = ()
+
+
+EVOLUTION_SCHEMA = Schema("amem_evolution", {
+    "type": "object",
+    "properties": {
+        "should_evolve": {"type": "boolean"},
+        "actions": {"type": "array", "items": {"type": "string", "enum": list(ACTIONS)}},
+        "suggested_connections": _STRINGS,
+        "tags_to_update": _STRINGS,
+        "new_context_neighborhood": _STRINGS,
+        "new_tags_neighborhood": {"type": "array", "items": _STRINGS},
+    },
+    "required": ["should_evolve", "actions", "suggested_connections", "tags_to_update",
+                 "new_context_neighborhood", "new_tags_neighborhood"],
+    "additionalProperties": False})
+"""An evolution reply as :func:`parse_evolution` reads it (the package's own schema for
+it: every field required)."""
 
 
 def parse_evolution(reply: str) -> tuple[Evolution | None, bool]:
@@ -476,7 +502,7 @@ class AMem(HistoryStrategy):
     def _analyse(self, memory: Memory, note: Note) -> None:
         prompt = self._fitted(lambda share: f"{NOTE_PROMPT}\n{self._clip(note.content, share)}",
                               1, memory.window)
-        reply = self._ask(prompt, memory, NOTE_REPLY_TOKENS, "amem/note")
+        reply = self._ask(prompt, memory, NOTE_REPLY_TOKENS, "amem/note", NOTE_SCHEMA)
         if reply is None:
             return
         fields, well_formed = parse_note(reply)
@@ -495,7 +521,8 @@ class AMem(HistoryStrategy):
             prompt = self._evolution_prompt(note, neighbours, memory.window)
             if prompt is None:
                 neighbours = neighbours[:-1]  # the farthest goes first
-        reply = self._ask(prompt, memory, EVOLVE_REPLY_TOKENS, "amem/evolve")
+        reply = self._ask(prompt, memory, EVOLVE_REPLY_TOKENS, "amem/evolve",
+                          EVOLUTION_SCHEMA)
         if reply is None:
             return
         evolution, well_formed = parse_evolution(reply)
@@ -623,12 +650,12 @@ class AMem(HistoryStrategy):
             share -= max(1, math.ceil(over / parts))
         return None
 
-    def _ask(self, prompt: str | None, memory: Memory, max_tokens: int, purpose: str
-             ) -> str | None:
+    def _ask(self, prompt: str | None, memory: Memory, max_tokens: int, purpose: str,
+             schema: Schema) -> str | None:
         """The reply to ``prompt`` (None, and an unfit call, when there is no prompt)."""
         reply = None if prompt is None else ask(
             self.context, self.name, JSON_SYSTEM, prompt, "", limit=memory.window,
-            max_tokens=max_tokens, purpose=purpose, cost=memory.cost)
+            max_tokens=max_tokens, purpose=purpose, cost=memory.cost, schema=schema)
         if reply is None:
             memory.unfit_calls += 1
         return reply

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.options import Option
+from pytest_budgetbench.structured import Schema
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
@@ -46,8 +47,14 @@ class Regime(enum.StrEnum):
 class AuxiliaryModel(Protocol):
     """A chat model a strategy may call (e.g. to summarise). The runner budgets and records it."""
 
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        """Return the reply text. Raises BudgetExceeded when the prompt exceeds the cell budget."""
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
+        """Return the reply text. Raises BudgetExceeded when the prompt exceeds the cell budget.
+
+        ``schema``: the JSON schema the reply should follow, sent to an endpoint that can
+        constrain its reply to it (:mod:`~pytest_budgetbench.structured`); the reply may
+        still not follow it (no such endpoint, or cut at ``max_tokens``), so the caller
+        parses it as leniently as without."""
         ...
 
 

@@ -88,6 +88,7 @@ from pytest_budgetbench.strategies._memory_system import (
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
+from pytest_budgetbench.structured import Schema
 
 ADD_SHARE = 0.75  # of the window left after the instruction: the new messages of one add
 MIN_ADD_TOKENS = 64  # a window leaving less than this for new messages builds nothing
@@ -250,6 +251,20 @@ def example_texts(instruction: str) -> frozenset[str]:
     return frozenset(m.group(1).strip() for m in _EXAMPLE_TEXT.finditer(instruction))
 
 
+EXTRACTION_SCHEMA = Schema("mem0_extraction", {
+    "type": "object",
+    "properties": {"memory": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "text": {"type": "string", "minLength": 1},
+                       "attributed_to": {"type": "string", "enum": ["user", "assistant"]},
+                       "linked_memory_ids": {"type": "array", "items": {"type": "string"}}},
+        "required": ["id", "text", "attributed_to"], "additionalProperties": False}}},
+    "required": ["memory"], "additionalProperties": False})
+"""The output format of mem0's extraction instruction, as :func:`parse_extraction` reads it
+(mem0 2.2.1: ``id``, ``text`` and ``attributed_to`` required, ``linked_memory_ids``
+optional)."""
+
+
 def parse_extraction(reply: str, placeholders: frozenset[str] = frozenset()
                      ) -> tuple[list[dict[str, str]], bool]:
     """The memory entries of an extraction ``reply``, and whether it was well formed (an
@@ -366,7 +381,8 @@ class Construction:
         instruction = condensed(system)
         material, request = self.fit(instruction, user)
         reply = ask(self.context, "mem0", instruction, material, request, limit=self.window,
-                    max_tokens=EXTRACT_REPLY_TOKENS, purpose=PURPOSE, cost=self.cost)
+                    max_tokens=EXTRACT_REPLY_TOKENS, purpose=PURPOSE, cost=self.cost,
+                    schema=EXTRACTION_SCHEMA)
         if reply is None:
             self.skipped_calls += 1
             return NO_MEMORIES

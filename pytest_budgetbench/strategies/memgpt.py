@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,7 @@ from pytest_budgetbench.strategies._scoring import bm25
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE
+from pytest_budgetbench.structured import Schema
 
 WARN_SHARE = 0.7  # the paper's memory-pressure warning
 FLUSH_SHARE = 1.0  # the paper's flush
@@ -142,6 +144,40 @@ SEARCH_ARGUMENTS = {"archival_memory_search": ("query",), "conversation_search":
 FUNCTIONS = {**EDIT_ARGUMENTS, **SEARCH_ARGUMENTS}
 
 Call = tuple[str, dict[str, Any]]
+
+
+def _call_schema(name: str, arguments: tuple[str, ...]) -> dict[str, Any]:
+    """One function call as :func:`_call` reads it: the name, and its string arguments
+    (``label`` one of the blocks; a search's ``page`` a whole number, optional)."""
+    properties: dict[str, Any] = {key: {"type": "string", "enum": list(BLOCKS)}
+                                  if key == "label" else {"type": "string"}
+                                  for key in arguments}
+    if name in SEARCH_ARGUMENTS:
+        properties["page"] = {"type": "integer", "minimum": 0}
+    return {"type": "object",
+            "properties": {"name": {"const": name},
+                           "arguments": {"type": "object", "properties": properties,
+                                         "required": list(arguments),
+                                         "additionalProperties": False}},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _calls_schema(name: str, functions: Mapping[str, tuple[str, ...]],
+                  most: int | None = None) -> Schema:
+    """A reply of calls to ``functions`` (at most ``most``), as :func:`parse_calls` reads it."""
+    calls: dict[str, Any] = {"type": "array", "items": {
+        "anyOf": [_call_schema(n, args) for n, args in functions.items()]}}
+    if most is not None:
+        calls["maxItems"] = most
+    return Schema(name, {"type": "object", "properties": {"calls": calls},
+                         "required": ["calls"], "additionalProperties": False})
+
+
+EDIT_SCHEMA = _calls_schema("memgpt_edits", EDIT_ARGUMENTS)
+"""A reply to the memory-pressure warning: edits of core or archival memory (a search
+then is ignored, so the schema offers none)."""
+SEARCH_SCHEMA = _calls_schema("memgpt_searches", SEARCH_ARGUMENTS, MAX_SEARCHES)
+"""A reply to the question: at most ``MAX_SEARCHES`` searches."""
 
 
 # -- parsing replies ---------------------------------------------------------------------
@@ -290,7 +326,7 @@ class MemGPT(HistoryStrategy):
         material = "\n\n".join(t for t in (memory.core_text(), memory.summary_text(),
                                            render([history[i] for i in memory.queue])) if t)
         reply = self.ask(FUNCTIONS_BLOCK, material, PRESSURE_WARNING, memory.window,
-                         EDIT_REPLY_TOKENS, "memgpt/core_edit", memory.cost)
+                         EDIT_REPLY_TOKENS, "memgpt/core_edit", memory.cost, EDIT_SCHEMA)
         if reply is None:
             return
         calls, well_formed = parse_calls(reply)
@@ -353,7 +389,7 @@ class MemGPT(HistoryStrategy):
             return []
         material = "\n\n".join(t for t in (memory.core_text(), memory.summary_text()) if t)
         reply = self.ask(FUNCTIONS_BLOCK, material, SEARCH_REQUEST.format(question=question),
-                         budget, SEARCH_REPLY_TOKENS, "memgpt/search", cost)
+                         budget, SEARCH_REPLY_TOKENS, "memgpt/search", cost, SEARCH_SCHEMA)
         calls: list[Call] = []
         well_formed = False
         if reply is not None:
@@ -409,9 +445,9 @@ class MemGPT(HistoryStrategy):
 
     # -- the auxiliary model -------------------------------------------------------------
     def ask(self, instruction: str, material: str, request: str, limit: int, max_tokens: int,
-            purpose: str, cost: Cost) -> str | None:
+            purpose: str, cost: Cost, schema: Schema | None = None) -> str | None:
         return ask(self.context, self.name, instruction, material, request, limit=limit,
-                   max_tokens=max_tokens, purpose=purpose, cost=cost)
+                   max_tokens=max_tokens, purpose=purpose, cost=cost, schema=schema)
 
     def _failed(self, cost: Cost) -> None:
         failed(self.context, cost)
