@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
+from pytest_budgetbench.digests import file_digest
 from pytest_budgetbench.errors import BudgetExceeded, RequestTimeout, TokenizerError
 from pytest_budgetbench.framing import NOT_VERIFIED, Additivity, verify_additivity
 from pytest_budgetbench.messages import Message, Tool, as_sent, text_of, tool_calls_of
@@ -490,12 +491,9 @@ class GGUFCounter(TokenCounter):
         if not template:
             raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
         self._identity = (str(path.resolve()), template)
+        self._path = path.resolve()  # hashed on first use, wherever the cwd is by then
+        self._space: str | None = None
         self._last_ids: tuple[str, list[int]] | None = None
-        # Persistent counts depend on the file (a GGUF rewritten in place is a new space:
-        # its size or modification time changes) and the template.
-        stat = path.stat()
-        blob = json.dumps([*self._identity, stat.st_size, stat.st_mtime_ns])
-        self._space = "gguf:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
         self._formatter = Jinja2ChatFormatter(
             template=template,
             eos_token=self._token_text(self._llama.token_eos()),
@@ -546,6 +544,13 @@ class GGUFCounter(TokenCounter):
 
     @property
     def count_space(self) -> str | None:
+        """The GGUF's content and the template: never its path or modification time, so
+        counts merged from another machine's cache are read here (and a file rewritten in
+        place is a new space). Made on first use; the file is read once per machine
+        (:func:`~pytest_budgetbench.digests.file_digest`)."""
+        if self._space is None:
+            blob = json.dumps([file_digest(self._path), self._identity[1]])
+            self._space = "gguf:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
         return self._space
 
 

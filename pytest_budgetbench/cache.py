@@ -23,6 +23,11 @@ A file that cannot be used (not a database, damaged, made by something else) is 
 :class:`~pytest_budgetbench.errors.CacheError` naming it and how to reset it; the session
 checks the files it will use before its first cell (:meth:`SharedDatabase.check`).
 
+Entries travel (``budgetbench cache merge``, :meth:`SharedDatabase.merge_from`): merging
+one file into another adds the entries it lacks, checked one by one (a bad one is reported
+and left out); a key both hold with different values is a conflict, reported, and the
+destination's entry kept. Claims in flight and the ``rejected`` log stay behind.
+
 Modes (``--budgetbench-cache``):
 
 - ``on``: the store at ``--budgetbench-cache-path`` (default ``<out>/responses.sqlite``)
@@ -44,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +154,30 @@ def _switch_to_wal(db: sqlite3.Connection, attempts: int = 50) -> None:
             time.sleep(0.05 * (attempt + 1))
 
 
+Entry = dict[str, Any]
+"""One stored entry, by column (text read as its bytes, then decoded: see AS_BYTES)."""
+
+MERGE_BATCH = 500
+"""Entries read from a merged file per transaction on the file merged into."""
+
+
+@dataclass
+class MergeResult:
+    """What merging one cache file into another did (:meth:`SharedDatabase.merge_from`)."""
+
+    label: str
+    source: Path
+    into: Path
+    added: int = 0
+    same: int = 0
+    repaired: int = 0
+    """Entries of the destination that failed their checksum, replaced by the source's."""
+    rejected: list[str] = field(default_factory=list)
+    """The source's entries that failed their checksum (or had none): never imported."""
+    conflicts: list[str] = field(default_factory=list)
+    """Keys both files hold with different values: the destination's entry is kept."""
+
+
 class SharedDatabase:
     """One SQLite file shared by threads, xdist workers and runs: a connection per thread,
     WAL (readers never block), and ``BEGIN IMMEDIATE`` transactions.
@@ -161,6 +190,12 @@ class SharedDatabase:
     """What the file is, in messages ("response cache")."""
     reset_hint = ""
     """Another way out than deleting the file, in messages (an option to point elsewhere)."""
+    table = ""
+    """The table of entries that travel (``budgetbench cache merge``); the others (claims,
+    the rejected log) belong to this file alone."""
+    key_columns: tuple[str, ...] = ()
+    value_noun = "value"
+    """What an entry holds, in messages ("reply")."""
 
     def __init__(self, path: Path, schema: str) -> None:
         self.path = path
@@ -273,6 +308,110 @@ class SharedDatabase:
                           (since,))
         return {str(reason): int(count) for reason, count in rows}
 
+    def close(self) -> None:
+        """Close this thread's connection: the last one to close folds the WAL into the
+        file, so the file alone holds every entry (to be copied, or saved by CI)."""
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None:
+            self._local.db = None
+            db.close()
+
+    # -- travelling: entries merged from another machine's file --------------------------
+    def checksum_of(self, entry: Entry) -> str:
+        """The checksum ``entry`` must carry (what lookups check)."""
+        raise NotImplementedError(f"{type(self).__name__} has no entries to merge")
+
+    def same_value(self, ours: Entry, theirs: Entry) -> bool:
+        """Whether two checked entries of one key hold the same value."""
+        return ours == theirs
+
+    def origin(self, entry: Entry) -> str:
+        """Where an entry came from, for a conflict's message ("run X"), or ""."""
+        return ""
+
+    def entries(self) -> Iterator[list[Entry]]:
+        """Every entry of :attr:`table`, in batches, unchecked."""
+        query = f"SELECT {', '.join(self._as_read())} FROM {self.table}"
+        columns = list(_column_types(self._schema)[self.table])
+        with self._failing("cannot be read"):
+            cursor = self._db().execute(query)
+            while batch := cursor.fetchmany(MERGE_BATCH):
+                yield [self._decoded(dict(zip(columns, row, strict=True))) for row in batch]
+
+    def merge_from(self, source: SharedDatabase) -> MergeResult:
+        """Add every checked entry of ``source`` (a file of the same kind) that this file
+        lacks. An entry of ``source`` that fails its checksum is reported, never imported;
+        one whose key this file holds with another value is a conflict, reported, and this
+        file's entry is kept: nothing is picked silently. Claims are never copied."""
+        if type(source) is not type(self):
+            raise TypeError(f"cannot merge a {source.label} into a {self.label}")
+        result = MergeResult(self.label, source.path, self.path)
+        for batch in source.entries():
+            with self._transaction() as db:
+                for entry in batch:
+                    self._merge_entry(db, entry, source, result)
+        return result
+
+    def _merge_entry(self, db: sqlite3.Connection, entry: Entry, source: SharedDatabase,
+                     result: MergeResult) -> None:
+        key = tuple(entry[column] for column in self.key_columns)
+        reason = self._rejection(entry)
+        if reason is not None:
+            result.rejected.append(f"{self._short(key)}: {REJECTED[reason]}")
+            return
+        entry = {column: _readable(value) for column, value in entry.items()}
+        where = " AND ".join(f"{column} = ?" for column in self.key_columns)
+        found = db.execute(f"SELECT {', '.join(self._as_read())} FROM {self.table} "
+                           f"WHERE {where}", key).fetchone()
+        ours = None if found is None else self._decoded(
+            dict(zip(_column_types(self._schema)[self.table], found, strict=True)))
+        if ours == entry:  # the common case of a merge done before: nothing to check
+            result.same += 1
+            return
+        if ours is not None and self._rejection(ours) is None:
+            if self.same_value(ours, entry):
+                result.same += 1
+            else:
+                result.conflicts.append(self._conflict(key, ours, entry, source))
+            return
+        if ours is not None:
+            self._reject(db, "/".join(key), self._rejection(ours) or "checksum")
+            result.repaired += 1
+        else:
+            result.added += 1
+        marks = ", ".join("?" * len(entry))
+        db.execute(f"INSERT OR REPLACE INTO {self.table} ({', '.join(entry)}) "
+                   f"VALUES ({marks})", tuple(entry.values()))
+
+    def _rejection(self, entry: Entry) -> str | None:
+        return rejection(entry[CHECKSUM_COLUMN], self.checksum_of(entry))
+
+    def _conflict(self, key: tuple[str, ...], ours: Entry, theirs: Entry,
+                  source: SharedDatabase) -> str:
+        def named(path: Path, entry: Entry) -> str:
+            origin = self.origin(entry)
+            return f"{path} ({origin})" if origin else str(path)
+
+        return (f"{self.label} entry {self._short(key)}: {named(source.path, theirs)} holds "
+                f"another {self.value_noun} than {named(self.path, ours)}; kept {self.path}'s")
+
+    @staticmethod
+    def _short(key: tuple[str, ...]) -> str:
+        """A key as messages show it: its last part cut to 16 characters."""
+        *space, last = (str(_readable(part)) for part in key)  # a damaged key prints too
+        return "/".join([*space, last[:16] + ("..." if len(last) > 16 else "")])
+
+    def _as_read(self) -> list[str]:
+        """The table's columns as a query reads them (text as its bytes: AS_BYTES)."""
+        return [AS_BYTES.format(column) if kind in ("TEXT", "BLOB") else column
+                for column, kind in _column_types(self._schema)[self.table].items()]
+
+    def _decoded(self, row: Entry) -> Entry:
+        types = _column_types(self._schema)[self.table]
+        return {column: text_of_bytes(value) if types[column] == "TEXT" and value is not None
+                else bytes(value) if isinstance(value, bytes | memoryview) else value
+                for column, value in row.items()}
+
 
 AS_BYTES = "CAST({} AS BLOB)"
 """Read a TEXT column as its bytes: a flipped byte can make it invalid UTF-8, which
@@ -288,6 +427,14 @@ def text_of_bytes(raw: bytes | None) -> str | None:
     """A TEXT column read with AS_BYTES, decoded; bytes that are not UTF-8 survive as
     surrogates, so the entry fails its checksum instead of failing the read."""
     return None if raw is None else bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def _readable(value: object) -> object:
+    """A checked entry's value as it can be written: a text column its checksum does not
+    cover (a reply's run id) may hold bytes that are not UTF-8; they become U+FFFD."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return value
 
 
 def rejection(stored: str | None, expected: str) -> str | None:
@@ -337,9 +484,15 @@ class CountDatabase(SharedDatabase):
     same count at once each insert or ignore (:class:`~pytest_budgetbench.budget.CountStore`)."""
 
     label = "token-count cache"
+    table = "counts"
+    key_columns = ("space", "key")
+    value_noun = "count"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, _COUNTS_SCHEMA)
+
+    def checksum_of(self, entry: Entry) -> str:
+        return entry_checksum(entry["space"], entry["key"], entry["tokens"])
 
     def lookup(self, space: str, key: str) -> int | None:
         """The stored count, or None (absent, or rejected by its checksum: counted again)."""
@@ -378,6 +531,12 @@ class ResponseStore(SharedDatabase):
 
     label = "response cache"
     reset_hint = "pass --budgetbench-cache-path=NEW.sqlite"
+    table = "responses"
+    key_columns = ("key",)
+    value_noun = "reply"
+    _REPLY_COLUMNS = ("text", "prompt_tokens", "completion_tokens", "tool_calls",
+                      "parsed_tool_calls")
+    """What a reply is; its latency, run and time are when and how fast it was made."""
 
     def __init__(self, path: Path, *, run_id: str, this_run_only: bool = False,
                  stale_after_s: float = 3600.0) -> None:
@@ -386,6 +545,19 @@ class ResponseStore(SharedDatabase):
         self.stale_after_s = stale_after_s
         self._host = socket.gethostname()
         super().__init__(path, _SCHEMA)
+
+    def checksum_of(self, entry: Entry) -> str:
+        return _reply_checksum(entry["key"], entry["text"], entry["prompt_tokens"],
+                               entry["completion_tokens"], entry["latency_s"],
+                               entry["tool_calls"], entry["parsed_tool_calls"])
+
+    def same_value(self, ours: Entry, theirs: Entry) -> bool:
+        """The same reply, however fast and in whichever run each was made (two shards
+        that both sent a request have two latencies for one reply)."""
+        return all(ours[column] == theirs[column] for column in self._REPLY_COLUMNS)
+
+    def origin(self, entry: Entry) -> str:
+        return f"run {entry['run_id']}"
 
     @property
     def _owner(self) -> str:

@@ -3,7 +3,8 @@
 Each subcommand registers itself through one function in SUBCOMMANDS, which adds its
 parser and sets ``handler`` (args -> exit status); add a command by appending one.
 
-Exit status: 0 success, 1 a gate failed, 2 bad usage or unreadable records.
+Exit status: 0 success, 1 a gate failed (or cache entries conflicted), 2 bad usage or
+unreadable records.
 """
 
 from __future__ import annotations
@@ -330,6 +331,79 @@ def run_import_chats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- cache ----------------------------------------------------------------------------------
+CONFLICTS_SHOWN = 20
+"""Conflicts printed per file; the rest are counted."""
+
+
+def add_cache_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "cache",
+        help="merge response, token-count and embedding caches (another machine's, a shard's)",
+        description="Caches that travel between machines and CI runs.",
+    )
+    commands = parser.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
+    merge = commands.add_parser(
+        "merge",
+        help="add the caches of SRC... to those of DEST (a union of checked entries)",
+        description="Merge the response, token-count and embedding caches of each SRC into "
+        "DEST's. A location is a directory holding responses.sqlite, counts.sqlite and "
+        "embeddings.sqlite (an --budgetbench-out directory, a run directory, a merged copy) "
+        "or the file of --budgetbench-cache-path (a path ending in .sqlite), with the other "
+        "two beside it. Every entry "
+        "is checked against its checksum: a bad one is reported and left out. A key DEST "
+        "holds with another value is a conflict: reported, DEST's entry kept, exit 1 (0 "
+        "with --allow-conflicts). Claims in flight are never copied. Merging into an empty "
+        "directory exports a clean copy, for actions/cache or an artifact.",
+    )
+    merge.add_argument("sources", nargs="+", type=Path, metavar="SRC",
+                       help="a cache location to read")
+    merge.add_argument("--into", type=Path, required=True, metavar="DEST",
+                       help="the cache location to add to (made when missing)")
+    merge.add_argument("--allow-conflicts", action="store_true",
+                       help="exit 0 when entries conflict (they are reported, and DEST's "
+                       "kept, either way)")
+    merge.set_defaults(handler=run_cache_merge)
+
+
+def run_cache_merge(args: argparse.Namespace) -> int:
+    from pytest_budgetbench.errors import BudgetBenchError
+    from pytest_budgetbench.wiring import caches_at, merge_caches
+
+    for source in args.sources:
+        if not any(store.path.is_file() for store in caches_at(source)):
+            names = ", ".join(store.path.name for store in caches_at(source))
+            return _usage(f"{source} holds no cache ({names}): pass an --budgetbench-out "
+                          "directory, a run directory or a --budgetbench-cache-path file")
+    try:
+        results = merge_caches(args.sources, args.into)
+    except BudgetBenchError as exc:
+        return _usage(str(exc))
+    conflicts = 0
+    for result in results:
+        print(f"budgetbench: {result.label} {result.source} -> {result.into}: "
+              f"{result.added} added, {result.same} already there"
+              + (f", {result.repaired} damaged replaced" if result.repaired else "")
+              + (f", {len(result.rejected)} failed their checksum (left out)"
+                 if result.rejected else "")
+              + (f", {len(result.conflicts)} in conflict" if result.conflicts else ""))
+        for line in result.rejected[:CONFLICTS_SHOWN]:
+            print(f"budgetbench: warning: {result.label} {result.source}: entry {line}; "
+                  "not merged", file=sys.stderr)
+        for line in result.conflicts[:CONFLICTS_SHOWN]:
+            print(f"budgetbench: conflict: {line}", file=sys.stderr)
+        if len(result.conflicts) > CONFLICTS_SHOWN:
+            print(f"budgetbench: conflict: ... and {len(result.conflicts) - CONFLICTS_SHOWN} "
+                  f"more between {result.source} and {result.into}", file=sys.stderr)
+        conflicts += len(result.conflicts)
+    if conflicts and not args.allow_conflicts:
+        print(f"budgetbench: {conflicts} conflicting entries (the same request, count or "
+              "text with another value): DEST kept its own; pass --allow-conflicts to accept "
+              "that", file=sys.stderr)
+        return EXIT_GATE_FAILED
+    return EXIT_OK
+
+
 # -- entry point ----------------------------------------------------------------------------
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     add_report_command,
@@ -338,6 +412,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]]
     add_regrade_command,
     add_fetch_model_command,
     add_import_chats_command,
+    add_cache_command,
 ]
 
 

@@ -23,7 +23,7 @@ from pytest_budgetbench.runner import Runner
 
 if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
-    from pytest_budgetbench.cache import ResponseStore, SharedDatabase
+    from pytest_budgetbench.cache import MergeResult, ResponseStore, SharedDatabase
     from pytest_budgetbench.embedded import Launcher
     from pytest_budgetbench.strategies import Embedder
     from pytest_budgetbench.structured import StructuredOutput
@@ -312,3 +312,44 @@ def make_runner(
         aux_chats=aux_chats,
         structured=structured,
     )
+
+
+# -- caches that travel ----------------------------------------------------------------------
+def caches_at(location: Path) -> list[SharedDatabase]:
+    """The three caches of ``location`` (not opened; their files may not exist): a directory
+    holds ``responses.sqlite``, ``counts.sqlite`` and ``embeddings.sqlite`` (an
+    --budgetbench-out directory, the run directory of --budgetbench-cache=off, a merged
+    copy); a file, or a path ending in ``.sqlite``, is a --budgetbench-cache-path file,
+    with the other two beside it."""
+    from pytest_budgetbench.cache import CACHE_FILE, COUNTS_FILE, CountDatabase, ResponseStore
+    from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
+
+    is_file = location.is_file() or (location.suffix == ".sqlite" and not location.is_dir())
+    responses = location if is_file else location / CACHE_FILE
+    return [ResponseStore(responses, run_id="merge"),
+            CountDatabase(responses.with_name(COUNTS_FILE)),
+            VectorStore(responses.with_name(STORE_FILE))]
+
+
+def merge_caches(sources: list[Path], into: Path) -> list[MergeResult]:
+    """Merge the caches of each of ``sources`` into those of ``into`` (see caches_at), as
+    :meth:`~pytest_budgetbench.cache.SharedDatabase.merge_from` does, one file at a time:
+    a union of checked entries; claims in flight and the rejected log stay behind. Every
+    source file is checked before anything is written (a CacheError names a bad one)."""
+    from pytest_budgetbench.errors import ConfigError
+
+    targets = {type(store): store for store in caches_at(into)}
+    pairs = [(store, targets[type(store)]) for source in sources
+             for store in caches_at(source) if store.path.is_file()]
+    for store, target in pairs:
+        if store.path.resolve() == target.path.resolve():
+            raise ConfigError(f"{store.path} is both a source and the destination of the "
+                              "merge: pass another --into")
+        for checked in (store, target):
+            if checked.path.is_file():
+                checked.check()
+    try:
+        return [target.merge_from(store) for store, target in pairs]
+    finally:
+        for store in (*targets.values(), *(store for store, _ in pairs)):
+            store.close()

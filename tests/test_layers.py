@@ -20,7 +20,7 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
-     "options", "task_grammar", "nodeids", "distributed", "userdirs", "shards"),
+     "options", "task_grammar", "nodeids", "distributed", "userdirs", "shards", "digests"),
     ("budget", "framing", "model", "tool_parser", "endpoint", "aux_model", "embedded", "cache",
      "embeddings", "config", "cells", "structured"),
     ("tasks", "strategies", "reports", "testing"),

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.digests import directory_digest
 from pytest_budgetbench.embeddings.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -35,7 +36,6 @@ from pytest_budgetbench.embeddings.backends import (
     TorchEncoder,
     default_threads,
     exported_model,
-    model_fingerprint,
 )
 from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
 from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement
@@ -122,9 +122,12 @@ class SentenceTransformerEmbedder:
         """Who made a vector: equal names give equal vectors within a process (the rag
         strategy keys its collections on it)."""
         version = "" if backend == "torch" else f"/v{EXPORT_VERSION}"
-        self.space = f"{self.name}{version}@{model_fingerprint(resolve_model_path(name))}"
-        """The persistent store's address of this embedder's vectors: the model's files
-        (a changed model is a new space), the backend and its export version."""
+        files = directory_digest(Path(resolve_model_path(name)))[:16]
+        self.space = f"{Path(name).name}#{backend}{version}@{files}"
+        """The persistent store's address of this embedder's vectors: the content of the
+        model's files (a changed model is a new space; the same files in another directory
+        or on another machine are the same space, so a merged cache answers there), the
+        backend and its export version."""
         self.store = store
         self.threads = threads or default_threads()
         self.requested = 0

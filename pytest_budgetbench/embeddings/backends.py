@@ -88,8 +88,10 @@ def default_threads() -> int:
 
 
 def model_fingerprint(path: str) -> str:
-    """A digest of a model directory's files (names, sizes, modification times): a
-    changed or reinstalled model is a new vector space, and computing it reads no weights."""
+    """A digest of a model directory's files (names, sizes, modification times), naming
+    this machine's ONNX export of it: a changed or reinstalled model is exported again, and
+    computing it reads no weights. (Vector spaces, which travel between machines, are
+    named by content: :func:`~pytest_budgetbench.digests.directory_digest`.)"""
     root = Path(path)
     digest = hashlib.sha256()
     for file in sorted(p for p in root.rglob("*") if p.is_file()):

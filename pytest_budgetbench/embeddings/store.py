@@ -15,6 +15,7 @@ none, from before checksums) is a miss, computed again (see :mod:`pytest_budgetb
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from pytest_budgetbench.cache import (
     AS_BYTES,
     REJECTED_SCHEMA,
     SAME_CHECKSUM,
+    Entry,
     SharedDatabase,
     entry_checksum,
     rejection,
@@ -40,6 +42,11 @@ CREATE TABLE IF NOT EXISTS vectors (
 ) WITHOUT ROWID;
 """
 
+SAME_VECTOR_TOLERANCE = 1e-5
+"""Two vectors of one key that differ by no more than this in any component are the same
+vector when caches are merged (L2-normalised: a component is at most 1 in size)."""
+
+
 # SQLite's default limit on the parameters of one statement is 999 on old builds.
 _KEYS_PER_QUERY = 500
 
@@ -48,9 +55,26 @@ class VectorStore(SharedDatabase):
     """Vectors as float32 bytes, by (space, text key), in one SQLite file."""
 
     label = "embedding cache"
+    table = "vectors"
+    key_columns = ("space", "key")
+    value_noun = "vector"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
+
+    def checksum_of(self, entry: Entry) -> str:
+        return entry_checksum(entry["space"], entry["key"], bytes(entry["vector"]))
+
+    def same_value(self, ours: Entry, theirs: Entry) -> bool:
+        """Equal within SAME_VECTOR_TOLERANCE, component by component: another machine's
+        CPU may round a vector of the same model and text in its last bits."""
+        mine, yours = bytes(ours["vector"]), bytes(theirs["vector"])
+        if mine == yours:
+            return True
+        if len(mine) != len(yours) or len(mine) % 4:
+            return False
+        a, b = array("f", mine), array("f", yours)
+        return all(abs(x - y) <= SAME_VECTOR_TOLERANCE for x, y in zip(a, b, strict=True))
 
     def load(self, space: str, keys: Sequence[str]) -> dict[str, bytes]:
         """The stored vectors of ``keys`` in ``space`` (absent and rejected keys are left
