@@ -601,10 +601,16 @@ class ResponseStore(SharedDatabase):
                               (key,)).fetchone()
             if held is not None and not self._abandoned(key, *held[1:]):
                 return False
-            db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
-                       (key, self._owner, self._host, os.getpid(), time.time()))
-        with _SENDING_LOCK:
-            _SENDING.add((str(self.path), key))
+            # Marked as sending before the claim commits: a thread of this process that
+            # sees the claim must find it sending, or it would take it over as abandoned.
+            with _SENDING_LOCK:
+                _SENDING.add((str(self.path), key))
+            try:
+                db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
+                           (key, self._owner, self._host, os.getpid(), time.time()))
+            except BaseException:
+                self._sent(key)
+                raise
         return True
 
     def _sent(self, key: str) -> None:
@@ -622,7 +628,14 @@ class ResponseStore(SharedDatabase):
         return host == self._host and not _pid_alive(pid)
 
     def store(self, key: str, completion: Completion) -> None:
-        self._sent(key)
+        try:
+            self._store(key, completion)
+        finally:
+            # Only once the reply is stored (or could not be): until then a thread of this
+            # process that sees the claim waits instead of sending the request again.
+            self._sent(key)
+
+    def _store(self, key: str, completion: Completion) -> None:
         # A reply without calls leaves both columns empty, as an entry made before them.
         calls = (json.dumps(list(completion.tool_calls), ensure_ascii=False)
                  if completion.tool_calls else None)
@@ -640,9 +653,11 @@ class ResponseStore(SharedDatabase):
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
     def release(self, key: str) -> None:
-        self._sent(key)
-        with self._transaction() as db:
-            db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
+        try:
+            with self._transaction() as db:
+                db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
+        finally:
+            self._sent(key)
 
 
 def _reply_checksum(key: str, text: str | None, prompt_tokens: object,

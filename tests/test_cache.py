@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from pytest_budgetbench.cache import CachingChatModel, ResponseStore, request_key
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model import ChatModel, RequestSlots
+from pytest_budgetbench.model import ChatModel, Completion, RequestSlots
 from tests.fake_openai import FakeOpenAI
 
 QUESTION = [{"role": "user", "content": "Please remember: my dog is called Rex."},
@@ -103,6 +104,50 @@ def test_threads_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_path
         thread.join()
     assert len(fake.requests) == 1
     assert sorted(r.cached for r in replies) == [False, True, True, True]
+
+
+class _InterleavedStore(ResponseStore):
+    """A store that lets another thread of this process act at the edges of its next
+    transaction: just before it begins, or just after it commits."""
+
+    before_begin: Any = None
+    after_commit: Any = None
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        if self.before_begin is not None:
+            hook, self.before_begin = self.before_begin, None
+            hook()
+        with super()._transaction() as db:
+            yield db
+        if self.after_commit is not None:
+            hook, self.after_commit = self.after_commit, None
+            hook()
+
+
+@pytest.mark.parametrize("step", ["claim", "store", "release"])
+def test_a_thread_never_takes_over_a_claim_another_thread_is_still_sending(
+        tmp_path: Path, step: str) -> None:
+    """From a claim's commit until the reply is stored (or the claim released), a second
+    thread of the same process that sees the claim waits: it never sends the request too."""
+    owner = _InterleavedStore(tmp_path / "r.sqlite", run_id="r")
+    other = ResponseStore(tmp_path / "r.sqlite", run_id="r")
+    seen: list[bool] = []
+
+    def other_claims() -> None:
+        thread = threading.Thread(target=lambda: seen.append(other.claim("k")))
+        thread.start()
+        thread.join()
+
+    owner.after_commit = other_claims if step == "claim" else None
+    assert owner.claim("k")
+    owner.before_begin = other_claims
+    if step == "store":
+        owner.store("k", Completion(text="hi", prompt_tokens=1, completion_tokens=1,
+                                    latency_s=0.1))
+    elif step == "release":
+        owner.release("k")
+    assert seen[0] is False
 
 
 def test_processes_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_path: Path) -> None:
