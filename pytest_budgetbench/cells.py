@@ -134,11 +134,25 @@ def violation_rate(n_violation: float, n_ok: float) -> float:
     return n_violation / judged if judged else math.nan
 
 
+NONINFERIORITY, HARM = "noninferiority", "harm"
+"""The regression gates' tests (``--budgetbench-regression-test``, ``budgetbench diff
+--regression-test``); non-inferiority is the default."""
+REGRESSION_TESTS = {NONINFERIORITY: "non-inferiority", HARM: "harm-shown"}
+"""Each test's name in messages."""
+
+
 def quality_regressed(delta: float, upper: float, tolerance: float) -> bool:
-    """The one regression rule, of the plugin's gate and the console command's: a paired
+    """The harm-shown rule, of the plugin's gate and the console command's: a paired
     quality change ``delta`` with 95% interval upper bound ``upper`` fell by more than
     ``tolerance`` and its interval lies below zero."""
     return delta < -tolerance and upper < 0
+
+
+def noninferior(lower: float, margin: float) -> bool:
+    """The non-inferiority rule: the 95% interval's lower bound ``lower`` of the paired
+    quality change lies above ``-margin``, so a drop of more than ``margin`` is excluded
+    (False when there is no bound)."""
+    return lower > -margin
 
 
 @dataclass(frozen=True)
@@ -171,6 +185,8 @@ class GateVerdict:
     """The regression gate's largest fall of paired quality over the tasks (None: none)."""
     interval: tuple[float, float] | None = None
     """The 95% interval of ``delta``."""
+    notes: tuple[str, ...] = ()
+    """Warnings of a gate that passed (a harm-shown gate too small to detect its margin)."""
     passed: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -186,7 +202,8 @@ class GateVerdict:
         return {"kind": self.spec.kind, "strategy": self.spec.strategy,
                 "budget": self.spec.budget, "passed": self.passed, "reasons": list(self.reasons),
                 "rate": self.rate, "n_violation": self.n_violation, "n_judged": self.n_judged,
-                "delta": self.delta, "interval": list(self.interval) if self.interval else None}
+                "delta": self.delta, "interval": list(self.interval) if self.interval else None,
+                "notes": list(self.notes)}
 
     @classmethod
     def from_public(cls, data: Mapping[str, Any]) -> GateVerdict:
@@ -194,7 +211,8 @@ class GateVerdict:
         return cls(GateSpec(data["kind"], data["strategy"], int(data["budget"])),
                    tuple(data.get("reasons") or ()), data.get("rate"), data.get("n_violation"),
                    data.get("n_judged"), data.get("delta"),
-                   (interval[0], interval[1]) if interval else None)
+                   (interval[0], interval[1]) if interval else None,
+                   tuple(data.get("notes") or ()))
 
 
 def gate_specs(

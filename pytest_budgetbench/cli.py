@@ -53,24 +53,52 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
                        help="a previous report.json to compare against")
     gates.add_argument("--max-regression", **from_option("max_regression"),
-                       help="with --baseline: the quality drop tolerated before a significant "
-                       "fall fails (default: 0)")
+                       help="with --baseline: the quality drop D tolerated (the "
+                       "non-inferiority margin; under --regression-test=harm the default "
+                       "is 0)")
+    add_regression_test_argument(gates)
     parser.set_defaults(handler=run_report)
+
+
+def add_regression_test_argument(group: argparse._ActionsContainer) -> None:
+    group.add_argument("--regression-test", **from_option(
+        "regression_test", metavar="noninferiority|harm",
+        help="noninferiority (default): pass only when the 95%% interval of a cell's quality "
+        "change lies above -D; harm: fail only when it fell by more than D with its "
+        "interval below zero, warning when the run cannot detect a drop of D"))
+
+
+def _unjudgeable_margin(test: str, margin: float | None, margin_flag: str) -> str | None:
+    """Why a regression gate with ``margin`` (None: not given) cannot be judged under
+    ``test``; None when it can."""
+    from pytest_budgetbench.cells import NONINFERIORITY
+    from pytest_budgetbench.config import check_margin
+    from pytest_budgetbench.errors import ConfigError
+
+    if test == NONINFERIORITY and margin is None:
+        return (f"--baseline under the non-inferiority test needs a margin: {margin_flag}=D, "
+                "the quality drop you accept (e.g. 0.05), or --regression-test=harm to fail "
+                "only on a shown drop")
+    try:
+        check_margin(test, margin, margin_flag, "--regression-test")
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
     from pytest_budgetbench.errors import BudgetBenchError
-    from pytest_budgetbench.reports import (
-        Prices,
-        build_report,
-        regression_gate,
-        violation_gate,
-    )
+    from pytest_budgetbench.reports import Prices, build_report, violation_gate
+    from pytest_budgetbench.reports.gates import regression_findings
     from pytest_budgetbench.reports.load import require_rows
 
     if (args.price_in is None) != (args.price_out is None):
         return _usage("--price-in and --price-out go together")
+    unjudgeable = args.baseline is not None and _unjudgeable_margin(
+        args.regression_test, args.max_regression, "--max-regression")
+    if unjudgeable:
+        return _usage(unjudgeable)
     prices = None if args.price_in is None else Prices(args.price_in, args.price_out)
     out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
                        else Path("budgetbench-report"))
@@ -91,8 +119,12 @@ def run_report(args: argparse.Namespace) -> int:
     if args.max_violation_rate is not None:
         reasons += violation_gate(report, args.max_violation_rate)
     if args.baseline is not None:
-        # Unlike the plugin's, this gate runs on --baseline alone, tolerating no drop.
-        reasons += regression_gate(report, args.baseline, args.max_regression or 0.0)
+        # Unlike the plugin's, a harm-shown gate runs on --baseline alone, tolerating no drop.
+        found = regression_findings(report, args.baseline, args.max_regression or 0.0,
+                                    args.regression_test)
+        reasons += found.failures()
+        for note in found.warnings():
+            print(f"budgetbench: gate warning: {note}", file=sys.stderr)
     for reason in reasons:
         print(f"budgetbench: gate failed: {reason}", file=sys.stderr)
     return EXIT_GATE_FAILED if reasons else EXIT_OK
@@ -107,11 +139,14 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "diff",
         help="compare two runs of the same cells item by item (B minus A)",
         description="Pair each cell (task, strategy@budget) that RUN_A and RUN_B both hold by "
-        "item, and print the change in quality, tokens and latency with 95%% paired bootstrap "
+        "item, and print the change in quality, tokens and latency with 95%% paired "
         "intervals, the status changes and the items that flipped. --format=md prints a "
         "summary for a pull-request comment; --out writes diff.md, diff.json and diff.html "
-        "(with the item viewer). With --fail-on-regression=D, exit 1 when a cell's quality "
-        "fell by more than D with its 95%% interval below zero (the regression gate's rule).",
+        "(with the item viewer), each cell with McNemar's exact test for a 0/1 grader and the "
+        "smallest drop it could detect. With --fail-on-regression=D, exit 1 when a cell fails "
+        "the regression gate's test: by default non-inferiority (the 95%% interval of the "
+        "change must lie above -D), or with --regression-test=harm a fall of more than D with "
+        "the interval below zero.",
     )
     parser.add_argument("run_a", type=Path, metavar="RUN_A",
                         help="the run compared against (a run directory or its cells.jsonl)")
@@ -121,8 +156,9 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="also write diff.md, diff.json and diff.html here")
     parser.add_argument("--fail-on-regression", type=_non_negative, metavar="D",
-                        help="exit 1 when a cell's paired quality fell by more than D with "
-                        "its 95%% interval below zero")
+                        help="exit 1 when a cell's paired quality change fails the regression "
+                        "test with margin D (see --regression-test)")
+    add_regression_test_argument(parser)
     parser.add_argument("--resamples", **from_option(
         "resamples", metavar="N", help="bootstrap resamples per interval (default: 2000)"))
     parser.add_argument("--seed", **from_option("seed", metavar="S",
@@ -149,6 +185,11 @@ def run_diff(args: argparse.Namespace) -> int:
     for run in (args.run_a, args.run_b):
         if not run.exists():
             return _usage(f"run directory not found: {run}")
+    tolerance = args.fail_on_regression
+    unjudgeable = tolerance is not None and _unjudgeable_margin(
+        args.regression_test, tolerance, "--fail-on-regression")
+    if unjudgeable:
+        return _usage(unjudgeable)
     try:
         for run in (args.run_a, args.run_b):
             require_rows(run)
@@ -156,22 +197,24 @@ def run_diff(args: argparse.Namespace) -> int:
                                      seed=args.seed)
     except BudgetBenchError as exc:  # ReportError, DiffError: one line, exit 2
         return _usage(str(exc))
-    tolerance = args.fail_on_regression
-    regressions = result.regressions(tolerance) if tolerance is not None else []
+    regressions, warnings = (result.judge(tolerance, args.regression_test)
+                             if tolerance is not None else ([], []))
     if tolerance is not None and not result.table["n_paired"].sum():
         # A gate over nothing fails: no item was scored in both runs.
         regressions.append(f"no item is scored in both {args.run_a} and {args.run_b} (every "
                            "common cell errored or went over budget in one of them), so no "
                            "quality change was judged")
     if args.format == "md":
-        sys.stdout.write(run_diffs.render_markdown(result, regressions))
+        sys.stdout.write(run_diffs.render_markdown(result, regressions, warnings))
     elif args.format == "json":
         sys.stdout.write(run_diffs.dumps(result))
     else:
-        sys.stdout.write(run_diffs.render_text(result, regressions))
+        sys.stdout.write(run_diffs.render_text(result, regressions, warnings))
     if args.out is not None:
-        for path in run_diffs.write_files(result, args.out, regressions):
+        for path in run_diffs.write_files(result, args.out, regressions, warnings):
             print(f"budgetbench: wrote {path}", file=sys.stderr)
+    for line in warnings:
+        print(f"budgetbench: warning: {line}", file=sys.stderr)
     for line in regressions:
         print(f"budgetbench: regression: {line}", file=sys.stderr)
     return EXIT_GATE_FAILED if regressions else EXIT_OK

@@ -204,6 +204,9 @@ class Settings:
     resamples: int = 2000
     baseline: str | None = None
     max_regression: float | None = None
+    regression_test: Literal["noninferiority", "harm"] = "noninferiority"
+    """The regression gate's test (docs/gates.md): non-inferiority passes only a change
+    whose interval excludes a drop of more than the margin; harm fails only a shown drop."""
     price_in: float | None = None
     price_out: float | None = None
     cache: Literal["on", "off", "refresh"] | None = None
@@ -367,9 +370,13 @@ OPTIONS: tuple[Option, ...] = (
     _core("resamples", "bootstrap resamples per interval", positive_int),
     _core("baseline", "a previous run's report.json for the regression gate", str,
           metavar="REPORT_JSON"),
-    _core("max_regression", "fail when a strategy@budget's paired quality against the "
-          "baseline falls by more than D (interval excluding 0), or its violation rate "
-          "rose", rate, metavar="D"),
+    _core("max_regression", "the quality drop D a strategy@budget may lose against the "
+          "baseline (judged by --budgetbench-regression-test); the gate also fails when its "
+          "violation rate rose", rate, metavar="D"),
+    _core("regression_test", "how the regression gate judges a quality change: "
+          "noninferiority (pass only when the interval's lower bound is above -D) | "
+          "harm (fail only when the fall exceeds D with the interval below zero)",
+          _choices_of("regression_test")),
     _core("price_in", "USD per 1M prompt tokens, for cost columns", non_negative, metavar="USD"),
     _core("price_out", "USD per 1M output tokens, for cost columns", non_negative, metavar="USD"),
     _core("cache", "response cache: on (shared across runs) | refresh (send again, "
@@ -420,6 +427,16 @@ def ini_text(raw: Any) -> str:
     return str(raw)
 
 
+def check_margin(test: str, margin: float | None, margin_flag: str, test_flag: str) -> None:
+    """A non-inferiority margin of 0 is never met (no run of any size excludes every
+    drop), so it is refused before any cell runs rather than failing every gate."""
+    if test == "noninferiority" and margin == 0:
+        raise ConfigError(
+            f"{margin_flag}=0 under the non-inferiority test can never pass: no run excludes "
+            f"every drop; give the margin of quality you accept losing, e.g. {margin_flag}=0.05, "
+            f"or use {test_flag}=harm to fail only on a shown drop")
+
+
 def load_settings(
     get_option: Callable[[str], Any],
     get_ini: Callable[[str], Any],
@@ -460,6 +477,8 @@ def load_settings(
             "pass both, e.g. --budgetbench-baseline=old/report.json "
             "--budgetbench-max-regression=0.05"
         )
+    check_margin(settings.regression_test, settings.max_regression,
+                 "--budgetbench-max-regression", "--budgetbench-regression-test")
     if settings.judge_endpoint and not settings.judge_model:
         raise ConfigError(
             "--budgetbench-judge-endpoint needs --budgetbench-judge-model=NAME "

@@ -400,6 +400,7 @@ class BudgetBenchSession:
         verdict = reports.gate_verdict(
             self.computed_report(), gate,
             max_rate=self.settings.max_violation_rate, max_regression=self.settings.max_regression,
+            regression_test=self.settings.regression_test,
             baseline=Path(self.settings.baseline) if self.settings.baseline else None,
         )
         if waiting:

@@ -112,11 +112,37 @@ def test_regression_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture
     assert run([str(base)]) == EXIT_OK
     baseline = str(base / "report" / "report.json")
     same = write_run(tmp_path / "same", rows(quality=1.0))
-    assert run([str(same), "--baseline", baseline]) == EXIT_OK
-    worse = write_run(tmp_path / "worse", rows(quality=0.0))
-    assert run([str(worse), "--baseline", baseline, "--max-regression", "0.5"]) == \
+    # 20 unchanged items exclude a drop of 0.2 (their interval is +-0.16), not of 0.1.
+    assert run([str(same), "--baseline", baseline, "--max-regression", "0.2"]) == EXIT_OK
+    capsys.readouterr()
+    assert run([str(same), "--baseline", baseline, "--max-regression", "0.1"]) == \
         EXIT_GATE_FAILED
-    assert "quality fell by 1.000" in capsys.readouterr().err
+    assert "gate failed: memory: trunc@500: non-inferiority test failed: the lower bound " \
+        "-0.161" in capsys.readouterr().err
+    # The harm-shown test runs on --baseline alone, tolerating no shown drop, and says
+    # that 20 items cannot detect one.
+    assert run([str(same), "--baseline", baseline, "--regression-test=harm"]) == EXIT_OK
+    assert "gate warning: memory: trunc@500: harm-shown test passed but cannot detect a " \
+        "drop of 0 with n=20 (MDE 0.348)" in capsys.readouterr().err
+    worse = write_run(tmp_path / "worse", rows(quality=0.0))
+    assert run([str(worse), "--baseline", baseline, "--max-regression", "0.5",
+                "--regression-test=harm"]) == EXIT_GATE_FAILED
+    assert "harm-shown test failed: quality fell by 1.000" in capsys.readouterr().err
+
+
+def test_a_non_inferiority_gate_needs_a_margin_above_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = write_run(tmp_path / "base", rows())
+    baseline = str(base / "report.json")  # never read: the flags are refused first
+    assert run([str(base), "--baseline", baseline]) == EXIT_USAGE
+    assert capsys.readouterr().err == (
+        "budgetbench: error: --baseline under the non-inferiority test needs a margin: "
+        "--max-regression=D, the quality drop you accept (e.g. 0.05), or "
+        "--regression-test=harm to fail only on a shown drop\n")
+    assert run([str(base), "--baseline", baseline, "--max-regression", "0"]) == EXIT_USAGE
+    assert "--max-regression=0 under the non-inferiority test can never pass" \
+        in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -209,6 +209,19 @@ def test_valid_reference_values() -> None:
     assert load(cli={"reference": "full_context"}).reference == "full_context"
 
 
+def test_the_regression_test_defaults_to_non_inferiority_which_needs_a_margin() -> None:
+    gate = {"baseline": "old/report.json", "max_regression": "0.05"}
+    assert load(cli=gate).regression_test == "noninferiority"
+    assert load(cli=gate, ini={"budgetbench_regression_test": "harm"}).regression_test == "harm"
+    with pytest.raises(ConfigError, match="must be one of"):
+        load(cli={**gate, "regression_test": "strict"})
+    with pytest.raises(ConfigError, match=r"--budgetbench-max-regression=0 under the "
+                       r"non-inferiority test can never pass.*--budgetbench-regression-test=harm"):
+        load(cli={**gate, "max_regression": "0"})
+    assert load(cli={**gate, "max_regression": "0", "regression_test": "harm"}) \
+        .max_regression == 0.0
+
+
 def test_baseline_without_max_regression_raises() -> None:
     with pytest.raises(ConfigError, match="go together"):
         load(cli={"baseline": "old/report.json"})

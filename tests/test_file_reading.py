@@ -197,7 +197,7 @@ def test_report_and_diff_refuse_a_run_with_no_rows(
     assert message in _one_error_line(capsys)
     assert not (run / "report").exists()  # no "0 cells" report is written
     good = _run(tmp_path / "good", [_row(i) for i in range(3)])
-    assert main(["diff", str(good), str(run), "--fail-on-regression", "0"]) == EXIT_USAGE
+    assert main(["diff", str(good), str(run), "--fail-on-regression", "0.05"]) == EXIT_USAGE
     assert message in _one_error_line(capsys)
 
 
@@ -241,8 +241,8 @@ def test_the_cli_regression_gate_fails_when_nothing_was_compared(
     base = _run(tmp_path / "base", [_row(i) for i in range(5)])
     assert _report(str(base)) == EXIT_OK
     errored = _run(tmp_path / "errored", [_row(i, status="error") for i in range(5)])
-    assert _report(str(errored), "--baseline", str(base / "report" / "report.json")) == \
-        EXIT_GATE_FAILED
+    assert _report(str(errored), "--baseline", str(base / "report" / "report.json"),
+                   "--max-regression", "0.05") == EXIT_GATE_FAILED
     assert "was admitted or over budget (every one errored" in capsys.readouterr().err
 
 

@@ -308,7 +308,7 @@ def test_plugin_import_is_cheap() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
+def test_harm_shown_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -334,7 +334,8 @@ def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
             f"--budgetbench-out={tmp_path / out}", "--budgets=8192", "--budgetbench-items=20",
             "--budgetbench-strategies=forgetful:Forgetful", "--budgetbench-resamples=2000",
             *(
-                [f"--budgetbench-baseline={baseline}", "--budgetbench-max-regression=0.1"]
+                [f"--budgetbench-baseline={baseline}", "--budgetbench-max-regression=0.1",
+                 "--budgetbench-regression-test=harm"]
                 if out != "base" else []
             ),
         )
@@ -342,12 +343,52 @@ def test_regression_gate_fails_a_significant_drop_and_passes_a_rerun(
     assert sweep("base").ret == pytest.ExitCode.OK
     (baseline,) = (tmp_path / "base").glob("*/report/report.json")
 
-    assert sweep("same").ret == pytest.ExitCode.OK
+    same = sweep("same")
+    assert same.ret == pytest.ExitCode.OK
+    # It passed, but 20 items cannot detect a drop of 0.1, and the summary says so.
+    same.stdout.fnmatch_lines(["budgetbench gate warning: memory: forgetful@8192: harm-shown "
+                               "test passed but cannot detect a drop of 0.1 with n=20 *"])
 
     monkeypatch.setenv("FORGET", "1")
     worse = sweep("worse")
     assert worse.ret == pytest.ExitCode.TESTS_FAILED
     worse.stdout.fnmatch_lines(["*budgetbench gate failed: *forgetful*8192*"])
+
+
+def test_non_inferiority_gate_fails_a_small_unchanged_run_and_passes_a_large_one(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The default regression test: an unchanged strategy over 10 items cannot exclude a
+    drop of 0.05 (its interval is +-0.28), so the gate fails and says why; over 200 items
+    (+-0.019) it passes."""
+    def sweep(out: str, items: int, *gate: str) -> pytest.RunResult:
+        return pytester.runpytest(
+            f"--budgetbench-endpoint={fake_endpoint.base_url}", "--budgetbench-tokenizer=approx",
+            f"--budgetbench-out={tmp_path / out}", "--budgets=8192",
+            f"--budgetbench-items={items}", "--budgetbench-strategies=truncation",
+            "--budgetbench-progress=0", "-p", "no:cacheprovider", *gate)
+
+    assert sweep("base", 200).ret == pytest.ExitCode.OK
+    (baseline,) = (tmp_path / "base").glob("*/report/report.json")
+    gate = (f"--budgetbench-baseline={baseline}", "--budgetbench-max-regression=0.05")
+
+    small = sweep("small", 10, *gate)
+    assert small.ret == pytest.ExitCode.TESTS_FAILED
+    small.assert_outcomes(passed=10, failed=1)
+    assert (
+        "budgetbench gate failed: memory: truncation@8192: non-inferiority test failed: the "
+        "lower bound -0.278 of the 95% interval of the change is not above the margin -0.05, "
+        "so a drop of more than 0.05 is not excluded; with n=10 it cannot be: even with no "
+        "flip it takes 73 items (change +0.000 over 10 paired items, 95% CI [-0.278, +0.278] "
+        "(score interval), margin 0.05, MDE 0.616, 0 right->wrong and 0 wrong->right "
+        "(McNemar exact p=1))") in small.stdout.lines
+
+    large = sweep("large", 200, *gate)
+    assert large.ret == pytest.ExitCode.OK
+    large.assert_outcomes(passed=201)
+    assert "budgetbench gate" not in large.stdout.str()
+    # Each run asked the model itself (none read another's cache): 200 + 10 + 200.
+    assert len(fake_endpoint.requests) == 410
 
 
 def test_pytest_benchmark_times_each_model_call_once_with_quality(

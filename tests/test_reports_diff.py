@@ -41,11 +41,18 @@ def test_paired_changes_intervals_and_flips(tmp_path: Path) -> None:
     result = diff_runs(a, b, resamples=300)
     table = result.table.set_index(["strategy", "budget"])
     same = table.loc[("truncation", 4096)]
-    assert same["delta"] == same["delta_lo"] == same["delta_hi"] == 0.0
+    # No item flipped, yet 40 items cannot rule out a change of 0.05: the score interval
+    # of a 0/1 grader says so, where the bootstrap's resamples of zeros said [0, 0].
+    assert same["delta"] == 0.0 and same["ci_method"] == "tango"
+    assert same["delta_lo"] == pytest.approx(-same["delta_hi"]) == pytest.approx(-0.0876, abs=1e-4)
+    assert (same["flips_down"], same["flips_up"], same["mcnemar_p"]) == (0, 0, 1.0)
     assert same["status_changed"] == 0 and same["worse"] == 0
     rag = table.loc[("rag", 4096)]
     assert rag["quality_b"] == 0.0 and rag["delta"] == -rag["quality_a"] < 0
     assert rag["delta_lo"] <= rag["delta"] <= rag["delta_hi"] < 0
+    assert (rag["flips_down"], rag["flips_up"]) == (rag["worse"], 0)
+    assert rag["mcnemar_p"] == pytest.approx(2 * 0.5 ** rag["worse"])
+    assert 0 < rag["mde"] < 1
     assert rag["tokens_delta"] == rag["tokens_lo"] == rag["tokens_hi"] == 100.0
     assert rag["worse"] == rag["quality_a"] * rag["n_paired"]
     assert {f["strategy"] for f in result.flips} == {"rag"}
@@ -63,25 +70,50 @@ def test_diff_prints_markdown_and_exits_0(tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.parametrize(("tolerance", "status"), [("0.05", 1), ("1.5", 0)])
-def test_fail_on_regression_judges_the_upper_bound(
+def test_fail_on_regression_harm_shown_judges_the_upper_bound(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tolerance: str, status: int
 ) -> None:
     a, b = run_pair(tmp_path)
     code = main(["diff", str(a), str(b), "--format=md", "--resamples=200",
-                 f"--fail-on-regression={tolerance}"])
+                 f"--fail-on-regression={tolerance}", "--regression-test=harm"])
     assert code == status
     captured = capsys.readouterr()
+    failed = [line for line in captured.err.splitlines() if "regression:" in line]
     if status:
         assert "### Regressions" in captured.out
-        assert "budgetbench: regression: memory: rag@4096: quality changed by" in captured.err
-        assert "truncation" not in captured.err
+        assert all(line.startswith("budgetbench: regression: memory: rag@") for line in failed)
+        assert failed[-1].startswith("budgetbench: regression: memory: rag@4096: harm-shown "
+                                     "test failed: quality fell by")
+        # The unchanged cells pass, but 40 items cannot detect a drop of 0.05: it says so.
+        assert "### Gate warnings" in captured.out
+        assert ("budgetbench: warning: memory: truncation@4096: harm-shown test passed but "
+                "cannot detect a drop of 0.05 with n=") in captured.err
     else:
         assert captured.err == ""
 
 
-def test_a_run_diffed_with_itself_passes_the_gate(tmp_path: Path) -> None:
+def test_a_run_diffed_with_itself_passes_a_margin_its_size_can_exclude(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a, _b = run_pair(tmp_path)
-    assert main(["diff", str(a), str(a), "--fail-on-regression=0", "--resamples=100"]) == 0
+    # Unchanged 0/1 items exclude a drop of 0.1 from 35 items on, of 0.05 from 73.
+    assert main(["diff", str(a), str(a), "--fail-on-regression=0.1", "--resamples=100"]) == 0
+    assert main(["diff", str(a), str(a), "--fail-on-regression=0.05", "--resamples=100"]) == 1
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert "non-inferiority test failed: the lower bound -0." in line
+    assert "even with no flip it takes 73 items" in line
+    assert main(["diff", str(a), str(a), "--fail-on-regression=0", "--resamples=100",
+                 "--regression-test=harm"]) == 0
+
+
+def test_a_non_inferiority_margin_of_zero_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, _b = run_pair(tmp_path)
+    assert main(["diff", str(a), str(a), "--fail-on-regression=0"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "budgetbench: error: --fail-on-regression=0 under the non-inferiority test can never "
+        "pass")
 
 
 def test_out_writes_markdown_json_and_a_page_with_the_viewer(tmp_path: Path) -> None:
@@ -196,9 +228,14 @@ def test_fail_on_regression_uses_the_regression_gates_rule() -> None:
     # Mean fell by 0.3, more than 0.1, and the interval excludes zero: the plugin's gate
     # fails it, so diff must too (it judged only the upper bound against -0.1 before).
     table = pd.DataFrame([{"task": "t", "strategy": "s", "budget": 1, "delta": -0.3,
-                           "delta_lo": -0.5, "delta_hi": -0.05, "n_paired": 10}])
+                           "delta_lo": -0.5, "delta_hi": -0.05, "n_paired": 10,
+                           "ci_method": "bootstrap", "flips_down": None, "flips_up": None,
+                           "mcnemar_p": None, "mde": 0.2}])
     result = RunDiff(Path("a"), Path("b"), table, [], resamples=10, seed=0)
     assert quality_regressed(-0.3, -0.05, 0.1)
-    (line,) = result.regressions(0.1)
-    assert line.startswith("t: s@1: quality changed by -0.300")
-    assert result.regressions(0.5) == []
+    (line,) = result.regressions(0.1, "harm")
+    assert line.startswith("t: s@1: harm-shown test failed: quality fell by 0.300")
+    assert result.regressions(0.5, "harm") == []
+    # Non-inferiority: a lower bound of -0.5 excludes neither drop.
+    assert len(result.regressions(0.1)) == len(result.regressions(0.5)) == 1
+    assert result.regressions(0.6) == []

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.cells import HARM, NONINFERIORITY
 from pytest_budgetbench.reports import (
     build_report,
     check_baseline_comparable,
     regression_gate,
     violation_gate,
 )
+from pytest_budgetbench.reports.gates import regression_findings
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 
 pytest.importorskip("pandas")
@@ -72,34 +74,86 @@ def test_violation_gate_pools_tasks(tmp_path: Path) -> None:
 
 
 # -- regression gate ------------------------------------------------------------------------
-def test_identical_runs_pass(tmp_path: Path) -> None:
+def test_identical_runs_pass_the_harm_shown_test(tmp_path: Path) -> None:
     baseline = report_of(tmp_path, "base", run_rows())
     current = report_of(tmp_path, "now", run_rows())
-    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+    assert regression_gate(current, baseline.paths["json"], 0.0, HARM) == []
 
 
-def test_significant_drop_fails(tmp_path: Path) -> None:
+def test_identical_runs_large_enough_to_exclude_the_margin_pass_non_inferiority(
+    tmp_path: Path,
+) -> None:
+    # 40 unchanged 0/1 items: the score interval is +-0.088, inside a margin of 0.1.
+    baseline = report_of(tmp_path, "base", run_rows())
+    current = report_of(tmp_path, "now", run_rows())
+    assert regression_gate(current, baseline.paths["json"], 0.1) == []
+
+
+def test_non_inferiority_fails_a_run_too_small_to_exclude_the_margin(tmp_path: Path) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(n=200))
+    small = report_of(tmp_path, "small", run_rows(n=10))
+    reasons = regression_gate(small, baseline.paths["json"], 0.05, NONINFERIORITY)
+    trunc = next(r for r in reasons if "trunc@500" in r)
+    assert trunc.startswith("memory: trunc@500: non-inferiority test failed: the lower bound "
+                            "-0.278 of the 95% interval of the change is not above the margin "
+                            "-0.05")
+    assert "with n=10 it cannot be: even with no flip it takes 73 items" in trunc
+    assert "change +0.000 over 10 paired items, 95% CI [-0.278, +0.278] (score interval)" \
+        in trunc
+    assert "MDE 0.616, 0 right->wrong and 0 wrong->right (McNemar exact p=1)" in trunc
+    large = report_of(tmp_path, "large", run_rows(n=200))
+    assert regression_gate(large, baseline.paths["json"], 0.05, NONINFERIORITY) == []
+
+
+def test_harm_shown_passes_a_run_too_small_to_detect_the_margin_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    baseline = report_of(tmp_path, "base", run_rows(n=10))
+    current = report_of(tmp_path, "now", run_rows(n=10, quality=lambda i: float(i % 3 == 1)))
+    found = regression_findings(current, baseline.paths["json"], 0.05, HARM)
+    assert found.failures() == []
+    (warning,) = [w for w in found.warnings() if "trunc@500" in w]
+    assert warning.startswith("memory: trunc@500: harm-shown test passed but cannot detect a "
+                              "drop of 0.05 with n=10 (MDE ")
+    # A fall of 0.3 that 10 items cannot show: a pass, but not a quiet one.
+    assert "change -0.300 over 10 paired items" in warning
+    assert "3 right->wrong and 0 wrong->right (McNemar exact p=0.25)" in warning
+    # Large enough to detect it: no warning.
+    baseline = report_of(tmp_path, "base2", run_rows(n=400))
+    current = report_of(tmp_path, "now2", run_rows(n=400))
+    assert regression_findings(current, baseline.paths["json"], 0.05, HARM).warnings() == []
+
+
+def test_significant_drop_fails_both_tests(tmp_path: Path) -> None:
     baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
     current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
-    reasons = regression_gate(current, baseline.paths["json"], 0.1)
-    assert len(reasons) == 1
-    assert reasons[0].startswith("memory: trunc@500: quality fell by 0.500 over 40 paired items")
+    (harm,) = regression_gate(current, baseline.paths["json"], 0.1, HARM)
+    assert harm.startswith("memory: trunc@500: harm-shown test failed: quality fell by 0.500, "
+                           "more than the allowed 0.100, with its interval below zero (change "
+                           "-0.500 over 40 paired items")
+    assert "20 right->wrong and 0 wrong->right (McNemar exact p=1.91e-06)" in harm
+    (worse,) = regression_gate(current, baseline.paths["json"], 0.1)
+    assert "non-inferiority test failed" in worse
 
 
-def test_drop_within_the_tolerance_passes(tmp_path: Path) -> None:
+def test_drop_within_the_tolerance_passes_harm_shown_but_not_non_inferiority(
+    tmp_path: Path,
+) -> None:
     baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
     current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
-    assert regression_gate(current, baseline.paths["json"], 0.6) == []
+    assert regression_gate(current, baseline.paths["json"], 0.6, HARM) == []
+    # A fall of 0.5 whose interval reaches -0.65 does not exclude a drop of 0.6.
+    assert regression_gate(current, baseline.paths["json"], 0.6, NONINFERIORITY)
 
 
-def test_noisy_drop_whose_interval_spans_zero_passes(tmp_path: Path) -> None:
+def test_noisy_drop_whose_interval_spans_zero_passes_harm_shown(tmp_path: Path) -> None:
     noise = random.Random(4)
     before = [float(noise.random() < 0.5) for _ in range(40)]
     after = list(before)
     after[0], after[1] = 1.0 - after[0], 0.0  # a change or two: not significant
     baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: before[i]))
     current = report_of(tmp_path, "now", run_rows(quality=lambda i: after[i]))
-    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+    assert regression_gate(current, baseline.paths["json"], 0.0, HARM) == []
 
 
 def test_items_are_paired_by_id(tmp_path: Path) -> None:
@@ -107,7 +161,7 @@ def test_items_are_paired_by_id(tmp_path: Path) -> None:
     rows = run_rows(quality=lambda i: float(i < 20))
     baseline = report_of(tmp_path, "base", rows)
     current = report_of(tmp_path, "now", list(reversed(rows)))
-    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+    assert regression_gate(current, baseline.paths["json"], 0.1) == []
 
 
 def test_violation_rate_rise_fails(tmp_path: Path) -> None:
@@ -123,7 +177,7 @@ def test_violation_rate_rise_fails(tmp_path: Path) -> None:
 def test_reference_violation_rise_is_exempt(tmp_path: Path) -> None:
     baseline = report_of(tmp_path, "base", run_rows())
     current = report_of(tmp_path, "now", run_rows(ref_violations=5))
-    assert regression_gate(current, baseline.paths["json"], 0.0) == []
+    assert regression_gate(current, baseline.paths["json"], 0.2) == []
 
 
 def test_unreadable_baseline_fails_closed(tmp_path: Path) -> None:
@@ -220,3 +274,23 @@ def test_the_terminal_reads_the_computed_reports_numbers(tmp_path: Path) -> None
         assert mine.mean_quality == pytest.approx(theirs.mean_quality)
         assert mine.violation_rate == pytest.approx(theirs.violation_rate)
         assert mine.quality_lo is not None  # the report's interval
+
+
+def test_a_harm_shown_verdict_that_passed_carries_its_warning_through_its_report(
+    tmp_path: Path,
+) -> None:
+    from pytest_budgetbench.cells import REGRESSION_GATE, GateSpec, GateVerdict
+    from pytest_budgetbench.reports import gate_verdict
+
+    baseline = report_of(tmp_path, "base", run_rows(n=10))
+    current = report_of(tmp_path, "now", run_rows(n=10))
+    verdict = gate_verdict(current, GateSpec(REGRESSION_GATE, "trunc", 500),
+                           max_regression=0.05, baseline=baseline.paths["json"],
+                           regression_test=HARM)
+    assert verdict.passed and len(verdict.notes) == 1
+    assert "cannot detect a drop of 0.05 with n=10" in verdict.notes[0]
+    assert GateVerdict.from_public(verdict.public()) == verdict  # an xdist worker's, too
+    strict = gate_verdict(current, GateSpec(REGRESSION_GATE, "trunc", 500),
+                          max_regression=0.05, baseline=baseline.paths["json"])
+    assert not strict.passed and strict.notes == ()
+    assert strict.interval == pytest.approx((-0.2775, 0.2775), abs=1e-4)

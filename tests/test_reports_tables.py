@@ -225,6 +225,39 @@ def test_constant_paired_delta_has_a_degenerate_interval(tmp_path: Path) -> None
     assert (row["delta"], row["delta_lo"], row["delta_hi"]) == pytest.approx((-0.3,) * 3)
 
 
+def test_paired_csv_carries_mcnemar_flips_and_the_detectable_drop_of_a_binary_grader(
+    tmp_path: Path,
+) -> None:
+    rows = []
+    for i in range(40):
+        rows.append(make_row(item_id=f"i{i}", strategy="full_context", budget=4000,
+                             reference=True, quality=float(i < 30)))
+        # Six items right in the reference are wrong here, one wrong one is right.
+        rows.append(make_row(item_id=f"i{i}", strategy="trunc", budget=500,
+                             quality=float(i < 30) if i not in (0, 1, 2, 3, 4, 5, 39)
+                             else float(i == 39)))
+        rows.append(make_row(item_id=f"i{i}", strategy="partial", budget=500,
+                             quality=0.5 if i % 2 else 1.0))
+    report = build(tmp_path, rows)
+    row = cell(report.paired, "trunc", 500)
+    assert (row["ci_method"], row["flips_down"], row["flips_up"]) == ("tango", 6, 1)
+    assert row["mcnemar_p"] == pytest.approx(16 / 128)  # 2 x P(Bin(7, 1/2) <= 1)
+    assert 0 < row["mde"] < 1
+    partial = cell(report.paired, "partial", 500)
+    assert partial["ci_method"] == "bootstrap" and partial["flips_down"] is None
+    csv = (report.out_dir / "paired.csv").read_text().splitlines()
+    header = csv[0].split(",")
+    for line in csv[1:]:
+        values = dict(zip(header, line.split(","), strict=True))
+        if values["strategy"] == "trunc":
+            assert (values["flips_down"], values["flips_up"]) == ("6", "1")  # not 6.0
+        else:
+            assert values["flips_down"] == values["flips_up"] == values["mcnemar_p"] == ""
+            assert float(values["mde"]) > 0
+    html = (report.out_dir / "report.html").read_text()
+    assert "MDE (80% power)" in html and "6 / 1 (p=0.125)" in html
+
+
 def test_selection_effect_counts(tmp_path: Path) -> None:
     rows = []
     for i in range(10):

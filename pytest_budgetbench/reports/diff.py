@@ -2,16 +2,17 @@
 
 Each cell (task, strategy@budget) that both runs hold is paired by item: the change in
 quality over the items scored in both, in tokens and latency over the items admitted in
-both, each with a paired bootstrap interval (the per-item differences resampled, as the
-paired table does), the items whose status changed and those whose quality flipped.
-B minus A throughout: a negative quality delta is B doing worse.
+both, each with a paired interval (as the paired table's: for a 0/1 grader Tango's score
+interval with McNemar's flips and exact p, else the per-item differences resampled), the
+smallest drop each cell could detect, the items whose status changed and those whose
+quality flipped. B minus A throughout: a negative quality delta is B doing worse.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +20,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench import definition
-from pytest_budgetbench.cells import quality_regressed
+from pytest_budgetbench.cells import NONINFERIORITY
 from pytest_budgetbench.errors import DiffError
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
-from pytest_budgetbench.reports.stats import DEFAULT_RESAMPLES, bootstrap_cis, cell_rng
+from pytest_budgetbench.reports.gates import judge_change
+from pytest_budgetbench.reports.stats import (
+    CHANGE_COLUMNS,
+    DEFAULT_RESAMPLES,
+    PairedChange,
+    bootstrap_cis,
+    cell_rng,
+    paired_changes,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,7 +44,7 @@ MAX_FLIPS_SHOWN = 30
 
 COLUMNS: tuple[str, ...] = (
     "task", "strategy", "budget", "n_items", "n_paired", "quality_a", "quality_b",
-    "delta", "delta_lo", "delta_hi", "tokens_delta", "tokens_lo", "tokens_hi",
+    *CHANGE_COLUMNS, "tokens_delta", "tokens_lo", "tokens_hi",
     "latency_delta", "latency_lo", "latency_hi", "status_changed", "better", "worse",
 )
 
@@ -52,20 +61,24 @@ class RunDiff:
     seed: int
     viewer_cells: list[viewer.ViewerCell] = field(default_factory=list)
 
-    def regressions(self, tolerance: float) -> list[str]:
-        """A line per cell whose quality fell by more than ``tolerance`` with its interval
-        below zero (:func:`~pytest_budgetbench.cells.quality_regressed`, the gates' rule)."""
-        lines = []
-        for row in report_json.records(self.table):  # NaN -> None
-            if row["delta_hi"] is not None and quality_regressed(row["delta"], row["delta_hi"],
-                                                                 tolerance):
-                lines.append(
-                    f"{row['task']}: {row['strategy']}@{row['budget']}: quality changed by "
-                    f"{row['delta']:+.3f} over {row['n_paired']} paired items (95% CI "
-                    f"[{row['delta_lo']:+.3f}, {row['delta_hi']:+.3f}]), a fall of more than "
-                    f"{tolerance:g} with its interval below zero"
-                )
-        return lines
+    def judge(self, tolerance: float, test: str = NONINFERIORITY
+              ) -> tuple[list[str], list[str]]:
+        """(failures, warnings): a line per cell whose quality change fails ``test`` with
+        margin ``tolerance``, and per cell that passed a harm-shown test it was too small
+        to fail (:func:`~pytest_budgetbench.reports.gates.judge_change`, the gates' rule)."""
+        failures, warnings = [], []
+        for row in self.table.to_dict(orient="records"):
+            if not row["n_paired"]:
+                continue
+            label = f"{row['task']}: {row['strategy']}@{row['budget']}"
+            failure, warning = judge_change(label, _change(row), tolerance, test)
+            failures.extend([failure] if failure else [])
+            warnings.extend([warning] if warning else [])
+        return failures, warnings
+
+    def regressions(self, tolerance: float, test: str = NONINFERIORITY) -> list[str]:
+        """The failure lines of :meth:`judge`."""
+        return self.judge(tolerance, test)[0]
 
 
 def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
@@ -78,25 +91,33 @@ def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
     common = _common_cells(*frames, run_a=run_a, run_b=run_b)
     merged = frames[0].merge(frames[1], on=ITEM_KEY, suffixes=("_a", "_b"))
     records: list[dict[str, Any]] = []
+    quality: list[tuple[np.ndarray, np.ndarray, np.random.Generator]] = []
     samples: list[tuple[np.ndarray, np.random.Generator]] = []
     flips: list[dict[str, Any]] = []
     for key, group in merged.groupby(list(tables.CELL), sort=True, observed=True):
         task, strategy, budget = tables.key_values(key)
         if (task, strategy, int(budget)) not in common:
             continue
-        record, cell_samples = _cell(group)
+        record, (scores_b, scores_a), usage = _cell(group)
         records.append({"task": task, "strategy": strategy, "budget": int(budget), **record})
+        quality.append((scores_b, scores_a,
+                        cell_rng(seed, "diff", "quality", task, strategy, budget)))
         samples.extend((values, cell_rng(seed, "diff", kind, task, strategy, budget))
-                       for kind, values in cell_samples)
+                       for kind, values in usage)
         flips.extend(_flips(group))
+    # The change of every cell at once (their bootstraps in parallel), then the usage's.
+    for record, change in zip(records, paired_changes(quality, resamples=resamples),
+                              strict=True):
+        record.update(change.columns())
     intervals = bootstrap_cis(samples, resamples=resamples)
     for index, record in enumerate(records):
-        for offset, name in enumerate(("delta", "tokens", "latency")):
-            lo, hi = intervals[3 * index + offset]
+        for offset, name in enumerate(("tokens", "latency")):
+            lo, hi = intervals[2 * index + offset]
             record[f"{name}_lo"], record[f"{name}_hi"] = lo, hi
     import pandas as pd
 
-    table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    table = tables.with_optional_counts(
+        pd.DataFrame.from_records(records, columns=list(COLUMNS)), records)
     cells = []
     for record in records:
         task, strategy, budget = str(record["task"]), str(record["strategy"]), record["budget"]
@@ -185,25 +206,40 @@ def _describe(cells: set[tuple[str, str, int]], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def _cell(group: pd.DataFrame) -> tuple[dict[str, Any], list[tuple[str, np.ndarray]]]:
+def _cell(group: pd.DataFrame) -> tuple[dict[str, Any], tuple[np.ndarray, np.ndarray],
+                                        list[tuple[str, np.ndarray]]]:
+    """A cell's counts and means, its paired quality scores (B, A), and its usage
+    differences by kind."""
     scored = group["quality_a"].notna() & group["quality_b"].notna()
-    quality = (group["quality_b"] - group["quality_a"])[scored].to_numpy(dtype=np.float64)
+    scores_b = group.loc[scored, "quality_b"].to_numpy(dtype=np.float64)
+    scores_a = group.loc[scored, "quality_a"].to_numpy(dtype=np.float64)
+    quality = scores_b - scores_a
     admitted = (group["status_a"] == tables.ADMITTED) & (group["status_b"] == tables.ADMITTED)
     tokens = _differences(group, "tokens", admitted)
     latency = _differences(group, "latency", admitted)
     record = {
         "n_items": len(group),
         "n_paired": int(scored.sum()),
-        "quality_a": _mean(group.loc[scored, "quality_a"].to_numpy(dtype=np.float64)),
-        "quality_b": _mean(group.loc[scored, "quality_b"].to_numpy(dtype=np.float64)),
-        "delta": _mean(quality),
+        "quality_a": _mean(scores_a),
+        "quality_b": _mean(scores_b),
         "tokens_delta": _mean(tokens),
         "latency_delta": _mean(latency),
         "status_changed": int((group["status_a"] != group["status_b"]).sum()),
         "better": int((quality > 0).sum()),
         "worse": int((quality < 0).sum()),
     }
-    return record, [("quality", quality), ("tokens", tokens), ("latency", latency)]
+    return record, (scores_b, scores_a), [("tokens", tokens), ("latency", latency)]
+
+
+def _change(row: Mapping[Any, Any]) -> PairedChange:
+    """A table row's quality change, as :func:`~.stats.paired_changes` made it."""
+    def count(name: str) -> int | None:
+        value = _number(row[name])
+        return None if value is None else int(value)
+
+    return PairedChange(int(row["n_paired"]), row["delta"], row["delta_lo"], row["delta_hi"],
+                        str(row["ci_method"]), count("flips_down"), count("flips_up"),
+                        _number(row["mcnemar_p"]), row["mde"])
 
 
 def _differences(group: pd.DataFrame, name: str, mask: pd.Series) -> np.ndarray:
@@ -241,8 +277,7 @@ DIFF_VIEW: tuple[render.Column, ...] = (
     render.col("paired items", "n_paired", render.integer),
     render.col("quality A", "quality_a", render.num(3)),
     render.col("quality B", "quality_b", render.num(3)),
-    render.Column("quality B-A [95% paired bootstrap]",
-                  render.interval("delta", "delta_lo", "delta_hi")),
+    *render.change_view("quality B-A"),
     render.Column("tokens B-A", render.interval("tokens_delta", "tokens_lo", "tokens_hi", 1)),
     render.Column("latency s B-A", render.interval("latency_delta", "latency_lo",
                                                    "latency_hi", 3)),
@@ -258,7 +293,10 @@ def _facts(result: RunDiff) -> list[tuple[str, str]]:
         ("B", str(result.run_b)),
         ("cells in common", str(len(result.table))),
         ("bootstrap", f"{result.resamples} resamples, seed {result.seed}, percentile 95% "
-                      "intervals over paired items"),
+                      "intervals over paired items (quality of a 0/1 grader: Tango's score "
+                      "interval)"),
+        ("MDE", "the smallest quality drop a cell's test would show with 80% power at its "
+                "size"),
     ]
 
 
@@ -276,14 +314,19 @@ NOTE = ("B minus A, per cell, over the items both runs hold: quality over items 
         "both, tokens and latency over items admitted in both.")
 
 
-def render_markdown(result: RunDiff, regressions: Sequence[str] = ()) -> str:
-    """The summary for a pull-request comment: the table, the regressions, the flips."""
+def render_markdown(result: RunDiff, regressions: Sequence[str] = (),
+                    warnings: Sequence[str] = ()) -> str:
+    """The summary for a pull-request comment: the table, the regressions and gate
+    warnings, the flips."""
     headers, body = render.view(result.table, DIFF_VIEW)
     parts = ["## budgetbench diff\n",
              *(f"- **{render.md_escape(k)}**: {render.md_escape(v)}" for k, v in _facts(result)),
              "", render.md_escape(NOTE), "", render.md_table(headers, body)]
     if regressions:
         parts += ["### Regressions\n", *(f"- {render.md_escape(line)}" for line in regressions),
+                  ""]
+    if warnings:
+        parts += ["### Gate warnings\n", *(f"- {render.md_escape(line)}" for line in warnings),
                   ""]
     shown = result.flips[:MAX_FLIPS_SHOWN]
     parts.append(f"### Flipped items ({len(result.flips)})\n")
@@ -296,7 +339,8 @@ def render_markdown(result: RunDiff, regressions: Sequence[str] = ()) -> str:
     return "\n".join(parts)
 
 
-def render_text(result: RunDiff, regressions: Sequence[str] = ()) -> str:
+def render_text(result: RunDiff, regressions: Sequence[str] = (),
+                warnings: Sequence[str] = ()) -> str:
     """The table as aligned plain text, for a terminal."""
     headers, body = render.view(result.table, DIFF_VIEW)
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
@@ -307,6 +351,7 @@ def render_text(result: RunDiff, regressions: Sequence[str] = ()) -> str:
               for row in body]
     lines.append(f"{len(result.flips)} items flipped (status or quality); --format=md lists them")
     lines += [f"regression: {line}" for line in regressions]
+    lines += [f"warning: {line}" for line in warnings]
     return "\n".join(lines) + "\n"
 
 
@@ -338,11 +383,12 @@ def render_html(result: RunDiff, *, viewer_rows: int = viewer.MAX_ROWS) -> str:
     return render.render_html(doc)
 
 
-def write_files(result: RunDiff, out_dir: Path, regressions: Sequence[str] = ()) -> list[Path]:
+def write_files(result: RunDiff, out_dir: Path, regressions: Sequence[str] = (),
+                warnings: Sequence[str] = ()) -> list[Path]:
     """diff.md, diff.json and diff.html in ``out_dir``, each through the redaction layer."""
     out_dir.mkdir(parents=True, exist_ok=True)
     texts = {
-        DIFF_MD: render_markdown(result, regressions),
+        DIFF_MD: render_markdown(result, regressions, warnings),
         DIFF_JSON: report_json.dumps_indented(document(result)) + "\n",
         DIFF_HTML: render_html(result),
     }

@@ -1,6 +1,13 @@
 """Pass/fail gates over a computed report. Pure functions: :func:`gate_verdict` returns one
 gate item's structured verdict; :func:`violation_gate` and :func:`regression_gate` return
-reason lines (empty when the gate passes) for the console command."""
+reason lines (empty when the gate passes) for the console command.
+
+A regression gate judges each paired quality change by one of two tests
+(:func:`judge_change`, shared with ``budgetbench diff``): *non-inferiority*, the default,
+passes only when the 95% interval's lower bound lies above -D; *harm-shown* fails only when
+the change fell by more than D with its interval below zero, and warns when the run was
+too small to detect a drop of D (its minimal detectable drop is larger).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +18,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_budgetbench.cells import (
+    HARM,
+    NONINFERIORITY,
     RATE_EPS,
+    REGRESSION_TESTS,
     VIOLATION_GATE,
     GateSpec,
     GateVerdict,
+    noninferior,
     quality_regressed,
     violation_rate,
 )
 from pytest_budgetbench.reports import report_json
-from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
-from pytest_budgetbench.reports.tables import key_values, paired_deltas
+from pytest_budgetbench.reports.stats import (
+    SCORE,
+    PairedChange,
+    cell_rng,
+    no_flip_items_to_exclude,
+    paired_changes,
+)
+from pytest_budgetbench.reports.tables import key_values, paired_scores
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report
@@ -62,10 +79,12 @@ def gate_verdict(
     max_rate: float | None = None,
     max_regression: float | None = None,
     baseline: Path | None = None,
+    regression_test: str = NONINFERIORITY,
 ) -> GateVerdict:
     """One gate item's verdict over one strategy@budget, pooled over tasks.
 
-    ``spec.kind`` is "violation-rate" or "regression". A gate that has nothing to judge
+    ``spec.kind`` is "violation-rate" or "regression" (judged by ``regression_test``, see
+    :func:`judge_change`). A gate that has nothing to judge
     (every cell errored, or none ran) fails and says so: a gate that passes on no data
     guards nothing.
     """
@@ -94,21 +113,25 @@ def gate_verdict(
         return replace(counted, reasons=(f"{label}: no cell was admitted or over budget "
                                          f"({n_error} errored, see cells.jsonl), so there is "
                                          "nothing to compare with the baseline",))
-    found = regression_findings(report, baseline, max_regression)
+    found = regression_findings(report, baseline, max_regression, regression_test)
     key = (spec.strategy, spec.budget)
-    worst = min(found.falls.get(key, []), default=None)
+    # The task that decides the test: the lowest bound, or (harm) the largest fall.
+    by = 1 if regression_test == NONINFERIORITY else 0
+    worst = min(found.falls.get(key, []), default=None, key=lambda fall: fall[by])
     return replace(counted, reasons=tuple(found.general + found.reasons.get(key, [])),
                    delta=None if worst is None else worst[0],
-                   interval=None if worst is None else (worst[1], worst[2]))
+                   interval=None if worst is None else (worst[1], worst[2]),
+                   notes=tuple(found.notes.get(key, [])))
 
 
 def regression_gate(
-    report: Report, baseline_report_json: Path, max_regression: float
+    report: Report, baseline_report_json: Path, max_regression: float,
+    regression_test: str = NONINFERIORITY,
 ) -> list[str]:
     """Compare each task's strategy@budget with the same cell of a baseline report.json
     (see :func:`regression_findings`): one line per failing cell."""
-    found = regression_findings(report, baseline_report_json, max_regression)
-    return found.general + [r for key in sorted(found.reasons) for r in found.reasons[key]]
+    return regression_findings(report, baseline_report_json, max_regression,
+                               regression_test).failures()
 
 
 @dataclass
@@ -120,18 +143,26 @@ class RegressionFindings:
     falls: dict[tuple[str, int], list[tuple[float, float, float]]] = field(
         default_factory=dict)
     """Each task's paired quality change and its interval by strategy@budget."""
+    notes: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    """Warnings of cells that passed, by strategy@budget (see :func:`judge_change`)."""
+
+    def failures(self) -> list[str]:
+        return self.general + [r for key in sorted(self.reasons) for r in self.reasons[key]]
+
+    def warnings(self) -> list[str]:
+        return [n for key in sorted(self.notes) for n in self.notes[key]]
 
 
 def regression_findings(
-    report: Report, baseline_report_json: Path, max_regression: float
+    report: Report, baseline_report_json: Path, max_regression: float,
+    regression_test: str = NONINFERIORITY,
 ) -> RegressionFindings:
     """Compare each task's strategy@budget with the same cell of a baseline report.json.
 
     Fails a cell when (a) its mean quality, paired by item_id over items scored in both
-    runs, fell by more than ``max_regression`` and the 95% paired bootstrap interval of the
-    change lies below zero (:func:`~pytest_budgetbench.cells.quality_regressed`), or (b) its
-    violation rate rose (reference strategies, which are allowed to overflow, are exempt
-    from (b)).
+    runs, fails ``regression_test`` with margin ``max_regression`` (:func:`judge_change`),
+    or (b) its violation rate rose (reference strategies, which are allowed to overflow,
+    are exempt from (b)).
     """
     found = RegressionFindings()
     try:
@@ -152,26 +183,77 @@ def regression_findings(
             "was admitted or over budget (every one errored, see cells.jsonl), so nothing "
             "was compared")
         return found
-    for key in common:
+    changes = paired_changes(
+        [(*paired_scores(current[key].quality, baseline[key].quality),
+          cell_rng(report.settings.seed, "regression", *key)) for key in common],
+        resamples=report.settings.resamples)
+    for key, change in zip(common, changes, strict=True):
         task, strategy, budget = key
         now, before = current[key], baseline[key]
         label = f"{task}: {strategy}@{budget}"
         reasons = found.reasons.setdefault((strategy, budget), [])
-        deltas = paired_deltas(now.quality, before.quality)
-        if deltas.size:
-            delta = float(deltas.mean())
-            rng = cell_rng(report.settings.seed, "regression", *key)
-            lo, hi = bootstrap_ci(deltas, resamples=report.settings.resamples, rng=rng)
-            found.falls.setdefault((strategy, budget), []).append((delta, lo, hi))
-            if quality_regressed(delta, hi, max_regression):
-                reasons.append(
-                    f"{label}: quality fell by {-delta:.3f} over {deltas.size} paired items "
-                    f"(95% CI of the change [{lo:.3f}, {hi:.3f}]), more than the allowed "
-                    f"{max_regression:.3f}"
-                )
+        if change.n:
+            found.falls.setdefault((strategy, budget), []).append(
+                (change.delta, change.lo, change.hi))
+            reason, note = judge_change(label, change, max_regression, regression_test)
+            reasons.extend([reason] if reason else [])
+            found.notes.setdefault((strategy, budget), []).extend([note] if note else [])
         if not now.reference and _rose(now.violation_rate, before.violation_rate):
             reasons.append(f"{label}: violation rate rose from {_rate(before)} to {_rate(now)}")
     return found
+
+
+def judge_change(label: str, change: PairedChange, margin: float, test: str
+                 ) -> tuple[str | None, str | None]:
+    """(failure, warning) of one paired quality change B-A under ``test`` with ``margin``
+    D; each line names the test and gives the change, interval, n, margin and MDE.
+
+    Non-inferiority fails unless the interval's lower bound is above -D: a run too small
+    to exclude a drop of D fails, since absence of evidence is not evidence of absence.
+    Harm-shown fails only a shown fall (:func:`~pytest_budgetbench.cells.quality_regressed`);
+    a pass whose minimal detectable drop exceeds D comes with a warning, not a failure, as
+    harm-shown is what a user picks to block on evidence only.
+    """
+    numbers = _change_numbers(change, margin)
+    if test == HARM:
+        if quality_regressed(change.delta, change.hi, margin):
+            return (f"{label}: {REGRESSION_TESTS[HARM]} test failed: quality fell by "
+                    f"{-change.delta:.3f}, more than the allowed {margin:.3f}, with its "
+                    f"interval below zero ({numbers})", None)
+        if not change.mde <= margin:
+            return None, (f"{label}: {REGRESSION_TESTS[HARM]} test passed but cannot detect "
+                          f"a drop of {margin:g} with n={change.n} (MDE {change.mde:.3f}), so "
+                          f"the pass is no evidence against one; use the non-inferiority "
+                          f"test or more items ({numbers})")
+        return None, None
+    if noninferior(change.lo, margin):
+        return None, None
+    return (f"{label}: {REGRESSION_TESTS[NONINFERIORITY]} test failed: the lower bound "
+            f"{change.lo:+.3f} of the 95% interval of the change is not above the margin "
+            f"-{margin:g}, so a drop of more than {margin:g} is not excluded"
+            f"{_items_needed(change, margin)} ({numbers})", None)
+
+
+def _change_numbers(change: PairedChange, margin: float) -> str:
+    method = ("score interval" if change.method == SCORE else "paired bootstrap")
+    numbers = (f"change {change.delta:+.3f} over {change.n} paired items, 95% CI "
+               f"[{change.lo:+.3f}, {change.hi:+.3f}] ({method}), margin {margin:g}, MDE "
+               f"{change.mde:.3f}")
+    if change.flips_down is not None:
+        numbers += (f", {change.flips_down} right->wrong and {change.flips_up} wrong->right "
+                    f"(McNemar exact p={change.mcnemar_p:.3g})")
+    return numbers
+
+
+def _items_needed(change: PairedChange, margin: float) -> str:
+    """How many items, none flipped, it takes to exclude the margin: the least a 0/1
+    grader's run can have and pass."""
+    if change.method != SCORE or margin <= 0:
+        return ""
+    needed = no_flip_items_to_exclude(margin)
+    if change.n >= needed:
+        return ""
+    return f"; with n={change.n} it cannot be: even with no flip it takes {needed} items"
 
 
 def _rate(cell: report_json.CellRecord) -> str:

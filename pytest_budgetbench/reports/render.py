@@ -90,6 +90,23 @@ def col(header: str, name: str, fmt: Cell = text) -> Column:
     return Column(header, lambda row: fmt(row[name]))
 
 
+def flips(row: pd.Series) -> str:
+    """A 0/1 grader's 'down / up (p=...)' flips and McNemar p; empty for another grader."""
+    if _missing(row["flips_down"]):
+        return ""
+    return f"{int(row['flips_down'])} / {int(row['flips_up'])} (p={float(row['mcnemar_p']):.3g})"
+
+
+def change_view(header: str) -> tuple[Column, ...]:
+    """The columns of a paired change (stats.PairedChange), its own headed ``header``."""
+    return (
+        Column(f"{header} [95% CI]", interval("delta", "delta_lo", "delta_hi")),
+        col("CI", "ci_method"),
+        Column("right->wrong / wrong->right (McNemar p)", flips),
+        col("MDE (80% power)", "mde", num(3)),
+    )
+
+
 SUMMARY_VIEW: tuple[Column, ...] = (
     col("task", "task"),
     col("strategy", "strategy"),
@@ -118,7 +135,7 @@ PAIRED_VIEW: tuple[Column, ...] = (
     col("paired items", "n_paired", integer),
     col("quality", "quality", num(3)),
     col("ref quality", "ref_quality", num(3)),
-    Column("delta [95% paired bootstrap]", interval("delta", "delta_lo", "delta_hi")),
+    *change_view("delta"),
     col("excluded (violations)", "excluded_violation", integer),
     col("ref excluded (violations)", "ref_excluded_violation", integer),
     col("excluded (other)", "excluded_other", integer),

@@ -18,9 +18,11 @@ from pytest_budgetbench.cells import split_reference, violation_rate
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.records import Status
 from pytest_budgetbench.reports.stats import (
+    CHANGE_COLUMNS,
     bootstrap_cis,
     cell_rng,
     is_binary,
+    paired_changes,
     wilson_interval,
 )
 
@@ -353,9 +355,7 @@ PAIRED_COLUMNS: tuple[str, ...] = (
     "n_paired",
     "quality",
     "ref_quality",
-    "delta",
-    "delta_lo",
-    "delta_hi",
+    *CHANGE_COLUMNS,
     "excluded_violation",
     "ref_excluded_violation",
     "excluded_other",
@@ -372,13 +372,15 @@ def paired_table(
     seed: int,
 ) -> pd.DataFrame:
     """Each cell against its task's reference cell, over the items admitted (and scored)
-    in both. Exclusion counts show what the pairing dropped and why, and the reference's
-    quality on the items the cell lost to violations shows whether they were easy ones."""
+    in both: the change with its interval, for a 0/1 grader McNemar's flips and p, and the
+    smallest drop the cell could detect (:func:`~.stats.paired_changes`). Exclusion counts
+    show what the pairing dropped and why, and the reference's quality on the items the
+    cell lost to violations shows whether they were easy ones."""
     import pandas as pd
 
     keys = list(keys)
     records = []
-    samples: list[tuple[np.ndarray, np.random.Generator]] = []
+    samples: list[tuple[np.ndarray, np.ndarray, np.random.Generator]] = []
     for _task, task_items in items.groupby("task", sort=True, observed=True):
         resolved = reference.resolve(task_items)
         if resolved is None:
@@ -392,7 +394,7 @@ def paired_table(
         merged = others.merge(ref, on="item_id", how="left")
         for key, group in merged.groupby(keys, sort=True, observed=True):
             values = key_values(key)
-            pair, diffs = _pair(group)
+            pair, scores, ref_scores = _pair(group)
             records.append(
                 {
                     **dict(zip(keys, values, strict=True)),
@@ -401,21 +403,40 @@ def paired_table(
                     **pair,
                 }
             )
-            samples.append((diffs, cell_rng(seed, "paired", ref_strategy, ref_budget, *values)))
+            samples.append((scores, ref_scores,
+                            cell_rng(seed, "paired", ref_strategy, ref_budget, *values)))
     if not records:
         return _empty(PAIRED_COLUMNS, keys)
-    # Every cell's interval at once: the bootstraps run in parallel (stats.bootstrap_cis).
-    for record, (lo, hi) in zip(records, bootstrap_cis(samples, resamples=resamples),
-                                strict=True):
-        record["delta_lo"], record["delta_hi"] = lo, hi
-    return pd.DataFrame.from_records(records)[[*keys, *PAIRED_COLUMNS]]
+    # Every cell's change at once: the bootstraps run in parallel (stats.paired_changes).
+    for record, change in zip(records, paired_changes(samples, resamples=resamples),
+                              strict=True):
+        record.update(change.columns())
+    return with_optional_counts(pd.DataFrame.from_records(records), records)[
+        [*keys, *PAIRED_COLUMNS]]
 
 
-def _pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray]:
-    """A cell's paired statistics, its interval left to fill, and the per-item differences
-    that the interval is drawn from."""
+OPTIONAL_COUNTS = ("flips_down", "flips_up")
+"""Counts that only a 0/1 grader has: empty, not NaN, for any other."""
+
+
+def with_optional_counts(table: pd.DataFrame, records: Sequence[Mapping[str, Any]]
+                         ) -> pd.DataFrame:
+    """``table`` with its :data:`OPTIONAL_COUNTS` as integers or None, as ``records`` hold
+    them: pandas would make them floats (a CSV's ``3.0``) beside a missing value."""
+    import pandas as pd
+
+    for name in OPTIONAL_COUNTS:
+        table[name] = pd.Series([record[name] for record in records], index=table.index,
+                                dtype=object)
+    return table
+
+
+def _pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """A cell's paired counts, and the paired scores of the cell and of the reference
+    that its change (:func:`~.stats.paired_changes`) is computed from."""
     both = group["quality"].notna() & group["ref_quality"].notna()
-    diffs = (group["quality"] - group["ref_quality"])[both].to_numpy(dtype=np.float64)
+    scores = group.loc[both, "quality"].to_numpy(dtype=np.float64)
+    ref_scores = group.loc[both, "ref_quality"].to_numpy(dtype=np.float64)
     excluded = group["status"] == VIOLATION
     ref_excluded = group["ref_status"] == VIOLATION
     lost_ref_quality = group.loc[excluded, "ref_quality"]
@@ -424,23 +445,22 @@ def _pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray]:
         "n_paired": int(both.sum()),
         "quality": _mean(group.loc[both, "quality"]),
         "ref_quality": _mean(group.loc[both, "ref_quality"]),
-        "delta": float(diffs.mean()) if diffs.size else math.nan,
-        "delta_lo": math.nan,  # the interval: paired_table fills it
-        "delta_hi": math.nan,
         "excluded_violation": int(excluded.sum()),
         "ref_excluded_violation": int(ref_excluded.sum()),
         # Errors, unscored answers and items missing from the reference run.
         "excluded_other": int((~both & ~excluded & ~ref_excluded).sum()),
         "ref_quality_of_excluded": _mean(lost_ref_quality),
-    }, diffs
+    }, scores, ref_scores
 
 
-def paired_deltas(
+def paired_scores(
     current: Mapping[str, float], baseline: Mapping[str, float]
-) -> np.ndarray:
-    """current - baseline for the item ids both score (used against a baseline report)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of the item ids both score, current and baseline, in one order (used
+    against a baseline report)."""
     shared = sorted(set(current) & set(baseline))
-    return np.array([current[i] - baseline[i] for i in shared], dtype=np.float64)
+    return (np.array([current[i] for i in shared], dtype=np.float64),
+            np.array([baseline[i] for i in shared], dtype=np.float64))
 
 
 # -- categories -----------------------------------------------------------------------------

@@ -211,6 +211,8 @@ def write_summary(
         if not verdict.passed:
             terminalreporter.write_line(f"budgetbench gate failed: {verdict.message}",
                                         red=True, bold=True)
+        for note in verdict.notes:  # passed, but too small to show what it guards against
+            terminalreporter.write_line(f"budgetbench gate warning: {note}", yellow=True)
     terminalreporter.write_line(f"run directory: {run_dir}")
     if report_dir is not None:
         terminalreporter.write_line(f"report: {report_dir / 'report.html'}")
