@@ -159,7 +159,8 @@ def settings_of(config: pytest.Config, declared: list[Option] | None) -> Setting
 def register_secrets(settings: Settings) -> None:
     """Tell the redaction layer every secret this run knows, before any text leaves."""
     register_secret(settings.api_key)
-    for url in (settings.endpoint, settings.judge_endpoint, *(settings.aux_models or {}).values()):
+    for url in (settings.endpoint, *settings.replicas, settings.judge_endpoint,
+                *(settings.aux_models or {}).values()):
         register_url(url)
 
 

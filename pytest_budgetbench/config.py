@@ -13,6 +13,8 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 from __future__ import annotations
 
 import os
+import re
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -141,6 +143,42 @@ def parse_tokenizer(raw: str) -> str:
     )
 
 
+_NEXT_URL = re.compile(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
+"""A comma that starts another URL; a comma inside one (in its query) is no separator."""
+
+
+def endpoint_urls(raw: str) -> tuple[str, ...]:
+    """One endpoint URL, or the URLs of several replicas of one model, comma-separated. (A
+    repeated flag still overrides, as every flag does: an ini's addopts stays overridable.)"""
+    from pytest_budgetbench.redact import redact_url
+
+    urls = tuple(part.strip().rstrip(",").strip() for part in _NEXT_URL.split(raw))
+    for url in urls:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            usable = (parts.scheme in ("http", "https") and bool(parts.hostname)
+                      and parts.port != 0)  # .port raises for a port that is no number
+        except ValueError:  # a bad port or bracketed host
+            usable = False
+        if not usable:
+            raise ConfigError(
+                "--budgetbench-endpoint must be http(s) URLs, comma-separated (one per "
+                "replica of the model), e.g. --budgetbench-endpoint=http://localhost:8000/v1 "
+                f"(got {redact_url(url)!r})")
+        if urls.count(url) > 1:
+            raise ConfigError(f"--budgetbench-endpoint lists {redact_url(url)} twice; "
+                              "list each replica once")
+    return urls
+
+
+def endpoint_fields(urls: tuple[str, ...] | None) -> dict[str, Any]:
+    """Settings' ``endpoint`` (the first URL) and ``replicas`` (every URL, when more than
+    one) from the URLs :func:`endpoint_urls` read."""
+    urls = urls or ()
+    return {"endpoint": urls[0] if urls else None,
+            "replicas": urls if len(urls) > 1 else ()}
+
+
 @dataclass(frozen=True)
 class Settings:
     """The validated settings of a run. A field's default is its option's default and a
@@ -156,6 +194,11 @@ class Settings:
     items: int = 10
     seed: int = 0
     endpoint: str | None = None
+    """The endpoint's URL; with several replicas, the first (it answers /models and
+    /tokenize for the pool)."""
+    replicas: tuple[str, ...] = ()
+    """Every URL of a model served by several replicas (``endpoint`` first); empty for
+    one URL. Filled from --budgetbench-endpoint, which has no flag of its own."""
     model: str | None = None
     vision: Literal["on", "off"] = "off"
     max_tokens: int = 32
@@ -214,6 +257,12 @@ class Settings:
     def active(self) -> bool:
         return bool(self.budgets)
 
+    @property
+    def parallel_cells(self) -> int:
+        """Cells one process runs at once: --budgetbench-concurrency requests in flight at
+        each replica (one by default), so N replicas run N times as many."""
+        return (self.concurrency or 1) * max(1, len(self.replicas))
+
     def raw_task_options(self) -> dict[str, str]:
         """Every task option given, as text: KEY=VALUE pairs win over an option's own flag."""
         return {**self.task_flags, **(self.task_options or {})}
@@ -249,6 +298,7 @@ class Settings:
         for key in ("endpoint", "judge_endpoint"):
             if recorded[key]:
                 recorded[key] = redact_url(recorded[key])
+        recorded["replicas"] = [redact_url(url) for url in self.replicas]
         if self.aux_models:
             recorded["aux_models"] = {
                 name: redact_url(target) for name, target in self.aux_models.items()
@@ -291,8 +341,11 @@ OPTIONS: tuple[Option, ...] = (
           parse_named_tasks, metavar="NAME=TASK(KEY=VALUE,...),...", ini_type="linelist"),
     _core("items", "items per task", positive_int),
     _core("seed", "seed for generated tasks and sampling", integer),
-    _core("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
-          str, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
+    _core("endpoint", "OpenAI-compatible base URL; several replicas of one model: their "
+          "URLs, comma-separated (requests go to the least busy, a failing one is taken "
+          "out); default: the embedded llama.cpp server",
+          endpoint_urls, env="BUDGETBENCH_ENDPOINT", metavar="URL[,URL...]",
+          ini_type="args"),
     _core("model", "model id to request from the endpoint", str, env="BUDGETBENCH_MODEL"),
     _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
           "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
@@ -356,8 +409,9 @@ OPTIONS: tuple[Option, ...] = (
           str, metavar="RUN_DIR|latest"),
     _core("shard", "run shard i of n; items are split, so paired cells stay together "
           "(merge with: budgetbench report DIR DIR ...)", parse_shard, metavar="i/n"),
-    _core("concurrency", "model requests in flight at once, across xdist workers; "
-          "without xdist, N>1 runs N cells concurrently (default: one per process)",
+    _core("concurrency", "model requests in flight at once, across xdist workers, at each "
+          "replica of the endpoint; without xdist, N x replicas > 1 runs that many cells "
+          "concurrently (default: one per process, one per replica)",
           positive_int, metavar="N"),
     _core("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
           "(each key must be one a strategy of the sweep declares)",
@@ -415,6 +469,7 @@ def load_settings(
             values[spec.dest] = value
         elif raw is not None:
             sections[spec.section][spec.key] = ini_text(raw).strip()
+    values.update(endpoint_fields(values["endpoint"]))
     values["tasks"], inline = task_entries(values["tasks"])
     values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
     settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),

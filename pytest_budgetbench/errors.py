@@ -17,6 +17,8 @@
     │   └── BaselineError          a baseline report.json cannot be read or has another schema
     └── EndpointError          the model endpoint failed: never an answer to grade
         ├── RequestTimeout         a request did not end within its deadline (retried first)
+        ├── EndpointUnavailable    every attempt failed for the server's reason (connection,
+        │                          timeout, 429, 5xx): another replica may answer
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -117,6 +119,14 @@ class EndpointError(BudgetBenchError):
 class RequestTimeout(EndpointError):
     """A request that did not end within its deadline (the whole request, reply included);
     the model client retries it, and the last one becomes an EndpointError that says so."""
+
+
+class EndpointUnavailable(EndpointError):
+    """Every attempt at a request failed for a reason of the server's, not the request's:
+    refused or dropped connections, timeouts, 429s, 5xx, or a Retry-After too long to wait.
+    A pool of replicas takes such a replica out and sends the request to another
+    (:mod:`~pytest_budgetbench.replicas`); a 400 or a malformed reply is the request's or
+    the model's, the same at every replica, and stays a plain EndpointError."""
 
 
 class EmbeddedServerError(EndpointError):

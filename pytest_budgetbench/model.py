@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
-from pytest_budgetbench.errors import EndpointError, RequestTimeout
+from pytest_budgetbench.errors import EndpointError, EndpointUnavailable, RequestTimeout
 from pytest_budgetbench.messages import Message, Tool, as_sent
 from pytest_budgetbench.redact import (
     first_line,
@@ -128,20 +128,31 @@ class RequestSlots:
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            self.release(fd)
 
     def _acquire(self) -> int:
         while True:
-            for path in self.paths:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
+            fd = self.try_take()
+            if fd is not None:
                 return fd
             time.sleep(self.poll_s)
+
+    def try_take(self) -> int | None:
+        """A free slot, held until :meth:`release`; None when every slot is held."""
+        for path in self.paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        return None
+
+    @staticmethod
+    def release(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class ChatModel:
@@ -258,7 +269,7 @@ class ChatModel:
                     latency_s = time.perf_counter() - started
             except self._retryable as exc:
                 if attempt == self.attempts:
-                    raise EndpointError(self._describe_failure(exc, attempt)) from None
+                    raise EndpointUnavailable(self._describe_failure(exc, attempt)) from None
                 time.sleep(self._delay(attempt, exc))
                 continue
             # "from None": the chained exception's text is the server's, unredacted.
@@ -282,7 +293,7 @@ class ChatModel:
         hinted, header = _retry_after(exc)
         if hinted is not None:
             if hinted > cap:
-                raise EndpointError(redact(
+                raise EndpointUnavailable(redact(
                     f"model endpoint {redact_url(self.base_url)} asked to retry after "
                     f"{header!r} s (Retry-After) on attempt {attempt}, longer than the "
                     f"longest wait allowed ({cap:g} s: the smaller of --budgetbench-timeout "
