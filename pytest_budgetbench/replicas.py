@@ -78,13 +78,14 @@ class ReplicaPool:
 
     ``slots_dir``: where each replica's request slots live (``replica-<i>`` under it),
     so that ``per_replica`` bounds the requests at a replica across processes; without it
-    the bound is this process's. ``clock`` is for tests."""
+    the bound is this process's. ``first`` is the replica first in line (an xdist worker's
+    number, so that workers do not all start at one replica). ``clock`` is for tests."""
 
     def __init__(self, chats: Sequence[ChatModel], *, per_replica: int = 1,
                  slots_dir: Path | None = None,
                  on_event: Callable[[ReplicaEvent], None] | None = None,
                  cooldown_s: float = COOLDOWN_S, max_cooldown_s: float = MAX_COOLDOWN_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 first: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         if not chats:
             raise ValueError("a ReplicaPool needs at least one replica")
         if len({(chat.model, chat.temperature, chat.seed, chat.tool_parser)
@@ -101,7 +102,7 @@ class ReplicaPool:
         self._max_cooldown_s = max_cooldown_s
         self._clock = clock
         self._changed = threading.Condition()
-        self._turn = 0
+        self._turn = first % len(self.replicas)
         """The replica first in line among those with as few requests in flight."""
 
     # -- what a response cache reads of the client it wraps ---------------------------------

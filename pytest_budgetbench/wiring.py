@@ -274,14 +274,17 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
 
     events = slots_dir.parent / REPLICAS_FILE  # the slots live in the run's directory
 
+    worker = worker_id()
+
     def record(event: dict[str, object]) -> None:
-        append_jsonl(events, {**event, "worker": worker_id(), "time": time.time()})
+        append_jsonl(events, {**event, "worker": worker, "time": time.time()})
 
     return ReplicaPool(
         [chat_model(settings, endpoint, url) for url in endpoint.replicas],
         per_replica=settings.concurrency or 1,
         slots_dir=slots_dir if settings.concurrency is not None else None,
         on_event=record,
+        first=int("".join(filter(str.isdigit, worker or "")) or 0),  # gw3: workers start apart
     )
 
 
