@@ -40,8 +40,12 @@ SERVE = """\
 import sys, time
 from tests.fake_openai import FakeOpenAI
 server = FakeOpenAI()
-# Keep-alive, as vLLM and llama.cpp serve: a new connection per request is not the harness's.
-server._server.RequestHandlerClass.protocol_version = "HTTP/1.1"
+# Keep-alive, as vLLM and llama.cpp serve: a new connection per request is not the harness's
+# cost. Without Nagle: the handler writes headers and body apart, and Nagle's algorithm with
+# the client's delayed ACK would hold each reply 40 ms on a kept-alive connection.
+handler = server._server.RequestHandlerClass
+handler.protocol_version = "HTTP/1.1"
+handler.disable_nagle_algorithm = True
 server.start()
 server.latency_s = float(sys.argv[1])
 print(server.base_url, flush=True)

@@ -10,10 +10,12 @@ import contextlib
 import datetime
 import email.utils
 import fcntl
+import functools
 import math
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -245,6 +247,7 @@ class ChatModel:
         return openai.OpenAI(
             base_url=bare_url, api_key=self._api_key or "not-needed",
             timeout=self.timeout, max_retries=0, default_query=query or None,
+            http_client=http_client_type()(timeout=self.timeout, verify=shared_ssl_context()),
         )
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
@@ -356,6 +359,35 @@ def _call_dict(call: Any) -> dict[str, Any]:
 
 def _close_client(client: Any) -> None:
     client.close()
+
+
+@functools.cache
+def shared_ssl_context() -> Any:
+    """The TLS context every model client of this process shares, made as the HTTP library
+    under openai makes its default one (its CA bundle, ``SSL_CERT_FILE``): making one
+    reads the CA bundle, some 30 ms of CPU, and a sweep makes a client per request in
+    flight (64 for 4 replicas at --budgetbench-concurrency=16), all as its first cells
+    start. A context serves many connections, in any thread. ``True`` (each client makes
+    its own, as before) where that library cannot make one (httpx before 0.28)."""
+    client = next(c for c in http_client_type().__mro__ if c.__name__ == "Client")
+    library = sys.modules[client.__module__.partition(".")[0]]
+    make = getattr(library, "create_ssl_context", None)
+    return make() if make is not None else True
+
+
+@functools.cache
+def http_client_type() -> type[Any]:
+    """openai's default HTTP client (its timeouts, limits and redirects), closed when it
+    is dropped, as openai closes the one it makes itself."""
+    import openai
+
+    class ClosingHttpClient(openai.DefaultHttpxClient):
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):  # at interpreter exit, say
+                if not self.is_closed:
+                    self.close()
+
+    return ClosingHttpClient
 
 
 def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:
