@@ -375,13 +375,19 @@ def shared_ssl_context() -> Any:
     return make() if make is not None else True
 
 
-@functools.cache
 def http_client_type() -> type[Any]:
     """openai's default HTTP client (its timeouts, limits and redirects), closed when it
     is dropped, as openai closes the one it makes itself."""
     import openai
 
-    class ClosingHttpClient(openai.DefaultHttpxClient):
+    # Keyed by the class: a pytester run in-process imports openai afresh, and openai
+    # checks its client's class.
+    return _closing(openai.DefaultHttpxClient)
+
+
+@functools.cache
+def _closing(client_type: type[Any]) -> type[Any]:
+    class ClosingHttpClient(client_type):
         def __del__(self) -> None:
             with contextlib.suppress(Exception):  # at interpreter exit, say
                 if not self.is_closed:
