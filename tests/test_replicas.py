@@ -346,3 +346,19 @@ def test_under_xdist_the_bound_of_each_replica_holds_across_workers(
     result.assert_outcomes(passed=8)
     assert [server.max_in_flight for server in replicas] == [1, 1]
     assert sum(len(server.requests) for server in replicas) == 8
+
+
+def test_the_ini_lists_replicas_separated_by_spaces(
+    pytester: pytest.Pytester, replicas: list[FakeOpenAI], tmp_path: Path
+) -> None:
+    pytester.makeini(f"""
+        [pytest]
+        budgetbench_endpoint = {replicas[0].base_url} {replicas[1].base_url}
+        """)
+    args = [arg for arg in sweep_args(replicas[0], tmp_path, "--budgets=1024",
+                                      "--budgetbench-items=2")
+            if not arg.startswith("--budgetbench-endpoint")]
+    pytester.runpytest(*args).assert_outcomes(passed=2, xfailed=2)
+    rows = rows_in(runs_in(tmp_path)[0])
+    assert {row["endpoint"] for row in rows} == {
+        f"{replicas[0].base_url},{replicas[1].base_url}"}
