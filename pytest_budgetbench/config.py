@@ -13,7 +13,6 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 from __future__ import annotations
 
 import os
-import re
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -143,16 +142,17 @@ def parse_tokenizer(raw: str) -> str:
     )
 
 
-_NEXT_URL = re.compile(r",(?=\s*[A-Za-z][A-Za-z0-9+.-]*://)")
-"""A comma that starts another URL; a comma inside one (in its query) is no separator."""
-
-
 def endpoint_urls(raw: str) -> tuple[str, ...]:
     """One endpoint URL, or the URLs of several replicas of one model, comma-separated. (A
     repeated flag still overrides, as every flag does: an ini's addopts stays overridable.)"""
     from pytest_budgetbench.redact import redact_url
 
-    urls = tuple(part.strip().rstrip(",").strip() for part in _NEXT_URL.split(raw))
+    urls: list[str] = []
+    for part in (part.strip() for part in raw.split(",")):
+        if urls and "://" not in part and "?" in urls[-1]:
+            urls[-1] += "," + part  # a comma in a query value (?keys=a,b) separates nothing
+        elif part:
+            urls.append(part)
     for url in urls:
         try:
             parts = urllib.parse.urlsplit(url)
@@ -168,7 +168,7 @@ def endpoint_urls(raw: str) -> tuple[str, ...]:
         if urls.count(url) > 1:
             raise ConfigError(f"--budgetbench-endpoint lists {redact_url(url)} twice; "
                               "list each replica once")
-    return urls
+    return tuple(urls)
 
 
 def endpoint_fields(urls: tuple[str, ...] | None) -> dict[str, Any]:

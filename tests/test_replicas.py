@@ -211,6 +211,7 @@ def test_the_endpoint_option_takes_a_comma_separated_list_of_replicas() -> None:
 @pytest.mark.parametrize(("raw", "says"), [
     ("localhost:8000/v1", "must be http(s) URLs, comma-separated"),
     ("http://a:1/v1,ftp://b/v1", "(got 'ftp://b/v1')"),
+    ("http://u:hunter2secret@a:1/v1,localhost:8000/v1", "(got 'localhost:8000/v1')"),
     ("http://a:1/v1,http://a:1/v1", "lists http://a:1/v1 twice"),
     ("http://u:hunter2secret@h:1/v1,http://u:hunter2secret@h:1/v1", "lists http://h:1/v1 twice"),
 ])
