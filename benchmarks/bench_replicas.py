@@ -1,7 +1,7 @@
 """Sweeps against several replicas of one model: wall time against the physical limit.
 
     .venv/bin/python benchmarks/bench_replicas.py [--cells 400] [--latency 0.5]
-        [--concurrency 16] [--replicas 1,2,4] [--tokenizer approx]
+        [--concurrency 16] [--replicas 1,2,4] [--tokenizer approx] [--code DIR]
 
 Each replica is a fake OpenAI-compatible server (tests/fake_openai.py) on loopback, in a
 process of its own, that answers every request after ``--latency`` seconds. A sweep of
@@ -18,7 +18,9 @@ flight at each replica). No harness could finish sooner than the physical limit,
 - ``cpu ms/cell``: the pytest process's CPU time (user + system) per cell.
 
 The load average at start and end is printed: numbers taken beside other work are not
-comparable.
+comparable. ``--code DIR`` runs the sweeps on another checkout of the package (``git
+archive <rev> | tar -x -C DIR``), for a before/after table on one machine; the fake
+replicas are always this checkout's.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def start_replicas(count: int, latency: float) -> list[tuple[subprocess.Popen[st
     return replicas
 
 
-def sweep(urls: list[str], out: Path, cells: int, concurrency: int, tokenizer: str) -> Sweep:
+def sweep(urls: list[str], out: Path, cells: int, concurrency: int, tokenizer: str,
+          code: Path) -> Sweep:
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--budgets=4096",
         "--budgetbench-only", f"--budgetbench-items={cells}",
@@ -88,7 +91,7 @@ def sweep(urls: list[str], out: Path, cells: int, concurrency: int, tokenizer: s
     started = time.perf_counter()
     # Run outside the checkout: its rootdir would collect the project's own tests too.
     done = subprocess.run(command, capture_output=True, text=True, cwd=out.parent,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(code)})
     process_s = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     (run_dir,) = [d for d in out.iterdir() if d.is_dir()]
@@ -115,12 +118,14 @@ def main() -> None:
                         help="requests in flight at each replica")
     parser.add_argument("--replicas", default="1,2,4")
     parser.add_argument("--tokenizer", default="approx")
+    parser.add_argument("--code", type=Path, default=ROOT,
+                        help="a checkout whose pytest_budgetbench the sweeps run")
     args = parser.parse_args()
     counts = [int(n) for n in args.replicas.split(",")]
     print(f"load average at start: {load()} ({os.cpu_count()} cores)")
     print(f"{args.cells} truncation cells, {args.latency:g} s latency per request, "
           f"--budgetbench-concurrency={args.concurrency} per replica, tokenizer "
-          f"{args.tokenizer}\n")
+          f"{args.tokenizer}, code {args.code.resolve()}\n")
     print(f"{'replicas':>8}{'in flight':>10}{'limit s':>9}{'sweep s':>9}{'ratio':>7}"
           f"{'overhead ms/cell':>18}{'cpu ms/cell':>13}{'process s':>11}  statuses")
     replicas = start_replicas(max(counts), args.latency)
@@ -130,7 +135,8 @@ def main() -> None:
                 in_flight = count * args.concurrency
                 limit = args.cells * args.latency / in_flight
                 result = sweep([url for _, url in replicas[:count]], Path(tmp) / str(count),
-                               args.cells, args.concurrency, args.tokenizer)
+                               args.cells, args.concurrency, args.tokenizer,
+                               args.code.resolve())
                 overhead = (result.sweep_s - limit) / args.cells * 1000
                 print(f"{count:>8}{in_flight:>10}{limit:>9.2f}{result.sweep_s:>9.2f}"
                       f"{result.sweep_s / limit:>7.2f}{overhead:>18.1f}"
