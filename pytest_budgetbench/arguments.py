@@ -173,7 +173,8 @@ def handed_shard(config: pytest.Config) -> tuple[str, str | None] | None:
 def register_secrets(settings: Settings) -> None:
     """Tell the redaction layer every secret this run knows, before any text leaves."""
     register_secret(settings.api_key)
-    for url in (settings.endpoint, settings.judge_endpoint, *(settings.aux_models or {}).values()):
+    for url in (settings.endpoint, *settings.replicas, settings.judge_endpoint,
+                *(settings.aux_models or {}).values()):
         register_url(url)
 
 

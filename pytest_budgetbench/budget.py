@@ -143,6 +143,16 @@ def message_key(message: Message) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def _plain_message(message: Message) -> tuple[str, str] | None:
+    """``(role, text)`` of a message that holds nothing else (most of them), else None."""
+    if len(message) != 2:
+        return None
+    role, content = message.get("role"), message.get("content")
+    if type(role) is str and type(content) is str:
+        return role, content
+    return None
+
+
 def prompt_sha256(messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> str:
     """The digest of a prompt as sent: its messages, and its tools when it has any (a
     prompt without tools keeps the digest it always had)."""
@@ -171,6 +181,11 @@ class TokenCounter(ABC):
 
     def __init__(self) -> None:
         self._message_cache: dict[str, int] = {}
+        self._plain_cache: dict[tuple[str, str], int] = {}
+        """Counts of messages that are a role and a text only, by (role, text): a strategy
+        and the runner count every message of every cell, and a tuple of two strings
+        hashes in no time (a string keeps its hash) where :func:`message_key` serialises
+        and digests the message; that was a third of a truncation cell's CPU."""
         self._text_cache: dict[str, int] = {}
         self._prompt_cache: dict[str, int] = {}
         self._overhead: int | None = None
@@ -272,6 +287,9 @@ class TokenCounter(ABC):
         Measured as the difference a message makes after a fixed anchor message, so that
         templates which inject a default system prompt cancel out.
         """
+        plain = _plain_message(message)
+        if plain is not None and (found := self._plain_cache.get(plain)) is not None:
+            return found
         key = message_key(message)
         cached = self._message_cache.get(key)
         if cached is None:
@@ -279,6 +297,8 @@ class TokenCounter(ABC):
                 lambda: "message:" + key,
                 lambda: self._count_prompt([_ANCHOR, message]) - self._anchor_tokens())
             self._message_cache[key] = cached
+        if plain is not None:
+            self._plain_cache[plain] = cached
         return cached
 
     def overhead(self) -> int:

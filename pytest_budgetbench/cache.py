@@ -51,12 +51,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import CacheError
 from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.model import ChatModel, Completion
 from pytest_budgetbench.redact import redact_url
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.replicas import ReplicaPool
 
 CACHE_FILE = "responses.sqlite"
 
@@ -679,11 +682,12 @@ class CachingChatModel:
     ``max_tokens``, so a change to any of them is a new request; that is why it wraps the
     concrete client, which knows them, and not any backend. ``endpoint`` names who answers
     (``Endpoint.identity``); without it the client's URL does, port included. A client
-    whose server starts on demand has no URL yet, so it needs ``endpoint``.
+    whose server starts on demand has no URL yet, and a pool of replicas has no one URL
+    (:class:`~pytest_budgetbench.replicas.ReplicaPool`), so they need ``endpoint``.
     """
 
-    def __init__(self, chat: ChatModel, store: ResponseStore, *, endpoint: str | None = None,
-                 poll_s: float = 0.05) -> None:
+    def __init__(self, chat: ChatModel | ReplicaPool, store: ResponseStore, *,
+                 endpoint: str | None = None, poll_s: float = 0.05) -> None:
         if not endpoint and not chat.base_url:
             raise ValueError("CachingChatModel needs endpoint= for a client that has no URL "
                              "before its first request (a server started on demand)")

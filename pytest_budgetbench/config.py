@@ -13,6 +13,7 @@ before any cell is collected. A bad value is a :class:`ConfigError` (a
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -161,6 +162,43 @@ def parse_tokenizer(raw: str) -> str:
     )
 
 
+def endpoint_urls(raw: str) -> tuple[str, ...]:
+    """One endpoint URL, or the URLs of several replicas of one model, comma-separated. (A
+    repeated flag still overrides, as every flag does: an ini's addopts stays overridable.)"""
+    from pytest_budgetbench.redact import redact_url
+
+    urls: list[str] = []
+    for part in (part.strip() for part in raw.split(",")):
+        if urls and "://" not in part and "?" in urls[-1]:
+            urls[-1] += "," + part  # a comma in a query value (?keys=a,b) separates nothing
+        elif part:
+            urls.append(part)
+    for url in urls:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            usable = (parts.scheme in ("http", "https") and bool(parts.hostname)
+                      and parts.port != 0)  # .port raises for a port that is no number
+        except ValueError:  # a bad port or bracketed host
+            usable = False
+        if not usable:
+            raise ConfigError(
+                "--budgetbench-endpoint must be http(s) URLs, comma-separated (one per "
+                "replica of the model), e.g. --budgetbench-endpoint=http://localhost:8000/v1 "
+                f"(got {redact_url(url)!r})")
+        if urls.count(url) > 1:
+            raise ConfigError(f"--budgetbench-endpoint lists {redact_url(url)} twice; "
+                              "list each replica once")
+    return tuple(urls)
+
+
+def endpoint_fields(urls: tuple[str, ...] | None) -> dict[str, Any]:
+    """Settings' ``endpoint`` (the first URL) and ``replicas`` (every URL, when more than
+    one) from the URLs :func:`endpoint_urls` read."""
+    urls = urls or ()
+    return {"endpoint": urls[0] if urls else None,
+            "replicas": urls if len(urls) > 1 else ()}
+
+
 @dataclass(frozen=True)
 class Settings:
     """The validated settings of a run. A field's default is its option's default and a
@@ -176,6 +214,11 @@ class Settings:
     items: int = 10
     seed: int = 0
     endpoint: str | None = None
+    """The endpoint's URL; with several replicas, the first (it answers /models and
+    /tokenize for the pool)."""
+    replicas: tuple[str, ...] = ()
+    """Every URL of a model served by several replicas (``endpoint`` first); empty for
+    one URL. Filled from --budgetbench-endpoint, which has no flag of its own."""
     model: str | None = None
     vision: Literal["on", "off"] = "off"
     max_tokens: int = 32
@@ -242,6 +285,12 @@ class Settings:
     def active(self) -> bool:
         return bool(self.budgets)
 
+    @property
+    def parallel_cells(self) -> int:
+        """Cells one process runs at once: --budgetbench-concurrency requests in flight at
+        each replica (one by default), so N replicas run N times as many."""
+        return (self.concurrency or 1) * max(1, len(self.replicas))
+
     def raw_task_options(self) -> dict[str, str]:
         """Every task option given, as text: KEY=VALUE pairs win over an option's own flag."""
         return {**self.task_flags, **(self.task_options or {})}
@@ -277,6 +326,7 @@ class Settings:
         for key in ("endpoint", "judge_endpoint"):
             if recorded[key]:
                 recorded[key] = redact_url(recorded[key])
+        recorded["replicas"] = [redact_url(url) for url in self.replicas]
         if self.aux_models:
             recorded["aux_models"] = {
                 name: redact_url(target) for name, target in self.aux_models.items()
@@ -319,8 +369,11 @@ OPTIONS: tuple[Option, ...] = (
           parse_named_tasks, metavar="NAME=TASK(KEY=VALUE,...),...", ini_type="linelist"),
     _core("items", "items per task", positive_int),
     _core("seed", "seed for generated tasks and sampling", integer),
-    _core("endpoint", "OpenAI-compatible base URL; default: the embedded llama.cpp server",
-          str, env="BUDGETBENCH_ENDPOINT", metavar="URL"),
+    _core("endpoint", "OpenAI-compatible base URL; several replicas of one model: their "
+          "URLs, comma-separated (requests go to the least busy, a failing one is taken "
+          "out); default: the embedded llama.cpp server",
+          endpoint_urls, env="BUDGETBENCH_ENDPOINT", metavar="URL[,URL...]",
+          ini_type="args"),
     _core("model", "model id to request from the endpoint", str, env="BUDGETBENCH_MODEL"),
     _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
           "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
@@ -394,8 +447,9 @@ OPTIONS: tuple[Option, ...] = (
           "Indexed Job (JOB_COMPLETION_INDEX, BUDGETBENCH_SHARD_COUNT), a SLURM array "
           "(SLURM_ARRAY_TASK_*) or BUDGETBENCH_SHARD_INDEX (0-based) and "
           "BUDGETBENCH_SHARD_COUNT", parse_shard, env="BUDGETBENCH_SHARD", metavar="i/n|auto"),
-    _core("concurrency", "model requests in flight at once, across xdist workers; "
-          "without xdist, N>1 runs N cells concurrently (default: one per process)",
+    _core("concurrency", "model requests in flight at once, across xdist workers, at each "
+          "replica of the endpoint; without xdist, N x replicas > 1 runs that many cells "
+          "concurrently (default: one per process, one per replica)",
           positive_int, metavar="N"),
     _core("strategy_options", "options for the sweep's strategies, KEY=VALUE,KEY=VALUE "
           "(each key must be one a strategy of the sweep declares)",
@@ -467,6 +521,7 @@ def load_settings(
     values["shard"], values["shard_source"] = resolve_shard(
         values["shard"] if values["budgets"] else None, _shard_origin(get_option, get_ini),
         os.environ)
+    values.update(endpoint_fields(values["endpoint"]))
     values["tasks"], inline = task_entries(values["tasks"])
     values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
     settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),

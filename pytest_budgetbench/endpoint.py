@@ -1,5 +1,6 @@
 """Where answers come from: the endpoint the controller resolves once per session, as rows,
-run.json and the response cache name it."""
+run.json and the response cache name it: one URL, the embedded server, or several replicas
+of one model (:mod:`~pytest_budgetbench.replicas`)."""
 
 from __future__ import annotations
 
@@ -27,17 +28,33 @@ class Endpoint:
     embedded: bool = False
     gguf_path: str | None = None
     server_flags: dict[str, Any] = field(default_factory=dict)
+    replicas: tuple[str, ...] = field(default=(), repr=False)
+    """Every URL of a model served by several replicas, ``base_url`` first (its token
+    counts are every replica's); empty for one URL."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicas", tuple(self.replicas))  # a worker gets a list
 
     @property
     def label(self) -> str:
-        """The endpoint as rows and run.json show it (secrets redacted)."""
+        """The endpoint as rows and run.json show it (secrets redacted): a pool's URLs, as
+        given, comma-separated."""
+        if self.replicas:
+            return ",".join(redact_url(url) for url in self.replicas)
         return EMBEDDED_LABEL if self.embedded else redact_url(self.base_url)
 
     @property
     def identity(self) -> str:
         """Who answers, for the response cache: the URL, or for the embedded server its
         model file and the flags that shape replies (not its port, new every session, nor
-        its context size or OpenMP wait policy, which change no reply)."""
+        its context size or OpenMP wait policy, which change no reply).
+
+        Several replicas of one model are the model, ``replicas:<model>``: which replica
+        answers, how many there are and where they run (pods get new addresses) change no
+        reply, so adding a replica keeps the cache. Two pools that serve different weights
+        under one model id would share replies: give such models their own ids."""
+        if self.replicas:
+            return f"replicas:{self.model}"
         if not self.embedded:
             return self.base_url
         flags = ",".join(f"{k}={v}" for k, v in sorted(self.server_flags.items())

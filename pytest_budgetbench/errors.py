@@ -18,6 +18,8 @@
     └── EndpointError          the model endpoint failed: never an answer to grade
         ├── RequestTimeout         a request did not end within its deadline (retried first)
         ├── RequestRejected        the endpoint refused the request as invalid (400, 422)
+        ├── EndpointUnavailable    every attempt failed for the server's reason (connection,
+        │                          timeout, 429, 5xx): another replica may answer
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -123,6 +125,14 @@ class RequestTimeout(EndpointError):
 class RequestRejected(EndpointError):
     """The endpoint answered 400 or 422: it does not take the request as sent (a
     ``response_format`` it does not know, say). Never retried."""
+
+
+class EndpointUnavailable(EndpointError):
+    """Every attempt at a request failed for a reason of the server's, not the request's:
+    refused or dropped connections, timeouts, 429s, 5xx, or a Retry-After too long to wait.
+    A pool of replicas takes such a replica out and sends the request to another
+    (:mod:`~pytest_budgetbench.replicas`); a 400 or a malformed reply is the request's or
+    the model's, the same at every replica, and stays a plain EndpointError."""
 
 
 class EmbeddedServerError(EndpointError):

@@ -11,6 +11,7 @@ history into units that keep pairs whole, for strategies that drop or keep messa
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +39,17 @@ def text_of(message: Message) -> str:
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+_IMMUTABLE = (str, int, float, bool, type(None))
+
+
+def private_copy(messages: Sequence[Message]) -> list[Message]:
+    """A copy of ``messages`` that nothing done to it reaches the originals through: a
+    message of plain values (most) is copied shallowly, in a fraction of deepcopy's time
+    (a third of a millisecond per cell of 80 messages), any other deeply."""
+    return [dict(message) if all(type(v) in _IMMUTABLE for v in message.values())
+            else copy.deepcopy(message) for message in messages]
 
 
 def check_messages(value: object, produced_by: str) -> list[Message]:

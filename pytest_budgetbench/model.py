@@ -10,10 +10,12 @@ import contextlib
 import datetime
 import email.utils
 import fcntl
+import functools
 import math
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,7 +24,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_budgetbench.deadline import DeadlineClients
-from pytest_budgetbench.errors import EndpointError, RequestRejected, RequestTimeout
+from pytest_budgetbench.errors import (
+    EndpointError,
+    EndpointUnavailable,
+    RequestRejected,
+    RequestTimeout,
+)
 from pytest_budgetbench.messages import Message, Tool, as_sent
 from pytest_budgetbench.redact import (
     first_line,
@@ -131,20 +138,31 @@ class RequestSlots:
         try:
             yield
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            self.release(fd)
 
     def _acquire(self) -> int:
         while True:
-            for path in self.paths:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
+            fd = self.try_take()
+            if fd is not None:
                 return fd
             time.sleep(self.poll_s)
+
+    def try_take(self) -> int | None:
+        """A free slot, held until :meth:`release`; None when every slot is held."""
+        for path in self.paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        return None
+
+    @staticmethod
+    def release(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class ChatModel:
@@ -239,6 +257,7 @@ class ChatModel:
         return openai.OpenAI(
             base_url=bare_url, api_key=self._api_key or "not-needed",
             timeout=self.timeout, max_retries=0, default_query=query or None,
+            http_client=http_client_type()(timeout=self.timeout, verify=shared_ssl_context()),
         )
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
@@ -266,7 +285,7 @@ class ChatModel:
                     latency_s = time.perf_counter() - started
             except self._retryable as exc:
                 if attempt == self.attempts:
-                    raise EndpointError(self._describe_failure(exc, attempt)) from None
+                    raise EndpointUnavailable(self._describe_failure(exc, attempt)) from None
                 time.sleep(self._delay(attempt, exc))
                 continue
             # "from None": the chained exception's text is the server's, unredacted.
@@ -292,7 +311,7 @@ class ChatModel:
         hinted, header = _retry_after(exc)
         if hinted is not None:
             if hinted > cap:
-                raise EndpointError(redact(
+                raise EndpointUnavailable(redact(
                     f"model endpoint {redact_url(self.base_url)} asked to retry after "
                     f"{header!r} s (Retry-After) on attempt {attempt}, longer than the "
                     f"longest wait allowed ({cap:g} s: the smaller of --budgetbench-timeout "
@@ -355,6 +374,41 @@ def _call_dict(call: Any) -> dict[str, Any]:
 
 def _close_client(client: Any) -> None:
     client.close()
+
+
+@functools.cache
+def shared_ssl_context() -> Any:
+    """The TLS context every model client of this process shares, made as the HTTP library
+    under openai makes its default one (its CA bundle, ``SSL_CERT_FILE``): making one
+    reads the CA bundle, some 30 ms of CPU, and a sweep makes a client per request in
+    flight (64 for 4 replicas at --budgetbench-concurrency=16), all as its first cells
+    start. A context serves many connections, in any thread. ``True`` (each client makes
+    its own, as before) where that library cannot make one (httpx before 0.28)."""
+    client = next(c for c in http_client_type().__mro__ if c.__name__ == "Client")
+    library = sys.modules[client.__module__.partition(".")[0]]
+    make = getattr(library, "create_ssl_context", None)
+    return make() if make is not None else True
+
+
+def http_client_type() -> type[Any]:
+    """openai's default HTTP client (its timeouts, limits and redirects), closed when it
+    is dropped, as openai closes the one it makes itself."""
+    import openai
+
+    # Keyed by the class: a pytester run in-process imports openai afresh, and openai
+    # checks its client's class.
+    return _closing(openai.DefaultHttpxClient)
+
+
+@functools.cache
+def _closing(client_type: type[Any]) -> type[Any]:
+    class ClosingHttpClient(client_type):
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):  # at interpreter exit, say
+                if not self.is_closed:
+                    self.close()
+
+    return ClosingHttpClient
 
 
 def probe_endpoint(base_url: str, api_key: str | None, timeout: float = 10.0) -> list[str]:

@@ -166,8 +166,8 @@ class SweepPlugin:
 
     # -- --budgetbench-concurrency without xdist: cells run ahead in threads ------------
     def pytest_runtestloop(self, session: pytest.Session) -> None:
-        concurrency = self.session.settings.concurrency or 1
-        if concurrency < 2 or self.session.is_worker or self.config.option.collectonly:
+        parallel = self.session.settings.parallel_cells
+        if parallel < 2 or self.session.is_worker or self.config.option.collectonly:
             return
         if self.distributed:
             return  # xdist's controller runs no test; its workers run one cell at a time

@@ -179,6 +179,7 @@ PROMPTS_FILE = "prompts.jsonl"
 EPISODES_FILE = "episodes.jsonl"  # an episode cell's trajectory and its calls, one record a cell
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
+REPLICAS_FILE = "replicas.jsonl"  # replicas of the endpoint taken out and back (replicas.py)
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
 
 

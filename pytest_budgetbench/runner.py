@@ -33,7 +33,13 @@ from pytest_budgetbench.errors import (
     StrategyError,
     TokenizerError,
 )
-from pytest_budgetbench.messages import Message, Tool, check_messages, check_tool_pairs
+from pytest_budgetbench.messages import (
+    Message,
+    Tool,
+    check_messages,
+    check_tool_pairs,
+    private_copy,
+)
 from pytest_budgetbench.model import ChatBackend, Completion
 from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
@@ -354,7 +360,7 @@ class Runner:
     ) -> object:
         strategy.reset(context)
         # A private copy: a strategy that mutates its input must not corrupt later cells.
-        return strategy.apply(copy.deepcopy(list(item.messages)), cell.budget)
+        return strategy.apply(private_copy(item.messages), cell.budget)
 
     def _within_timeout(
         self, work: Callable[[], object], strategy: Strategy, cell: Cell

@@ -521,10 +521,10 @@ class BudgetBenchSession:
             self.store.prompts_path) if "messages" in entry and "cell_id" in entry}
 
     def prefetch(self, cells: list[Cell]) -> None:
-        """Start ``--budgetbench-concurrency`` cells at a time in threads; the tests then
-        collect their results in order."""
+        """Start ``--budgetbench-concurrency`` cells at a time in threads (as many per
+        replica of the endpoint); the tests then collect their results in order."""
         runner = self.runner  # built once, here, not raced for by the threads
-        self._pool = ThreadPoolExecutor(self.settings.concurrency or 1,
+        self._pool = ThreadPoolExecutor(self.settings.parallel_cells,
                                         thread_name_prefix="budgetbench")
         for cell in cells:
             if cell.cell_id not in self.recorded and cell.cell_id not in self._pending:

@@ -62,9 +62,11 @@ def starting_line(config: pytest.Config, session: BudgetBenchSession,
 
 def write_sweep_summary(terminalreporter: Any, run: BudgetBenchSession,
                         finish_error: str) -> None:
-    """The end of the sweep's output: the summary, cache rejections, a server never started,
-    and the error that stopped its finish (``finish_error``, when not empty)."""
+    """The end of the sweep's output: the summary, cache rejections, replicas taken out, a
+    server never started, and the error that stopped its finish (``finish_error``, when not
+    empty)."""
     from pytest_budgetbench.reports.terminal import write_summary
+    from pytest_budgetbench.wiring import replica_lines
 
     write_summary(terminalreporter, run.store.run_dir, run.settings,
                   report=run.report if run.report_dir is not None else None,
@@ -72,6 +74,8 @@ def write_sweep_summary(terminalreporter: Any, run: BudgetBenchSession,
                   report_missing=run.report_missing)
     for line in run.cache_rejections():
         terminalreporter.write_line(f"budgetbench: {line}", yellow=True)
+    for line in replica_lines(run.store.run_dir, since=run.created):
+        terminalreporter.write_line(redact(f"budgetbench: {line}"), yellow=True)
     endpoint = run.endpoint
     if endpoint is not None and endpoint.embedded and not run.server_needed:
         terminalreporter.write_line("budgetbench: the embedded model was not started: the "

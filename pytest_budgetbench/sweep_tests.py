@@ -88,7 +88,7 @@ def benchmark_timer(request: pytest.FixtureRequest) -> ModelCallTimer | None:
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
     if not config.pluginmanager.hasplugin("benchmark") or distributed.worker_id():
         return None
-    if (config.stash[SESSION_KEY].settings.concurrency or 1) > 1:
+    if config.stash[SESSION_KEY].settings.parallel_cells > 1:
         return None  # cells run ahead in threads; there is no call left to time
     if getattr(config.option, "benchmark_disable", False) or distributed.is_distributed(config):
         return None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from pytest_budgetbench import embedded, wiring
 from pytest_budgetbench.arguments import from_option, non_negative, positive_int
 from pytest_budgetbench.catalog import Catalog
-from pytest_budgetbench.config import Settings
+from pytest_budgetbench.config import Settings, endpoint_fields
 from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.preflight import check_extras
 from pytest_budgetbench.records import RunStore
@@ -136,7 +136,7 @@ def run_train_router(args: argparse.Namespace) -> int:
 def training_settings(args: argparse.Namespace) -> Settings:
     """The settings a sweep would run the training cells with."""
     return Settings(
-        tasks=(args.task,), items=args.items, seed=args.seed, endpoint=args.endpoint,
+        tasks=(args.task,), items=args.items, seed=args.seed, **endpoint_fields(args.endpoint),
         model=args.model, max_tokens=args.max_tokens, temperature=0.0,
         api_key_env=args.api_key_env, tokenizer=args.tokenizer, out=str(args.out),
         audit="off", threads=args.threads, embedding_model=args.embedding_model,

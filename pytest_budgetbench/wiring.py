@@ -8,6 +8,7 @@ fix to one (the cache key of the embedded server, say) is a fix to both. Everyth
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from pytest_budgetbench.budget import TokenCounter
     from pytest_budgetbench.cache import MergeResult, ResponseStore, SharedDatabase
     from pytest_budgetbench.embedded import Launcher
+    from pytest_budgetbench.model import ChatModel, RequestSlots
+    from pytest_budgetbench.replicas import ReplicaPool
     from pytest_budgetbench.strategies import Embedder
     from pytest_budgetbench.structured import StructuredOutput
 
@@ -33,7 +36,8 @@ if TYPE_CHECKING:
 # -- endpoints -----------------------------------------------------------------------------
 def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-model") -> Endpoint:
     """The endpoint of ``settings.endpoint`` (which must be set), serving ``settings.model``
-    or its first listed model; probed, so an unreachable one fails before any cell runs."""
+    or its first listed model; probed, so an unreachable one fails before any cell runs.
+    Several replicas are each probed, and each must list that model."""
     from pytest_budgetbench.model import probe_endpoint
 
     if settings.endpoint is None:
@@ -44,16 +48,40 @@ def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-mod
         raise EndpointError(
             f"{redact_url(settings.endpoint)} lists no models; pass {model_flag}=NAME"
         )
-    return Endpoint(base_url=settings.endpoint, model=model)
+    for url in settings.replicas[1:]:
+        check_replica(url, model, settings.api_key)
+    return Endpoint(base_url=settings.endpoint, model=model, replicas=settings.replicas)
+
+
+def check_replica(url: str, model: str, api_key: str | None) -> None:
+    """A replica must be up and serve the pool's model: its replies share the cache's key."""
+    from pytest_budgetbench.model import probe_endpoint
+
+    served = probe_endpoint(url, api_key)
+    if served and model not in served:
+        raise EndpointError(
+            f"replica {redact_url(url)} does not serve model {model!r} (it lists "
+            f"{', '.join(map(repr, served[:5]))}): every URL of --budgetbench-endpoint must "
+            "be a replica of one model"
+        )
 
 
 def credential_line(settings: Settings) -> str | None:
     """Which credential the sweep's requests carry, for the line printed at its start (a
     variable's name and a URL without its secrets, never a secret); None without an
-    endpoint. The API key wins over a URL's user info (see redact.request_target)."""
+    endpoint. The API key wins over a URL's user info (see redact.request_target).
+    Replicas that carry the same credential share one part of the line."""
     if not settings.endpoint:
         return None
-    url, var = settings.endpoint, f"${settings.api_key_env}"
+    urls: dict[str, list[str]] = {}
+    for url in settings.replicas or (settings.endpoint,):
+        urls.setdefault(_credential_of(url, settings), []).append(redact_url(url))
+    return "budgetbench: credential for " + "; for ".join(
+        f"{', '.join(names)}: {used}" for used, names in urls.items())
+
+
+def _credential_of(url: str, settings: Settings) -> str:
+    var = f"${settings.api_key_env}"
     if settings.api_key:
         used = f"the API key in {var}, as Bearer"
         if has_userinfo(url):
@@ -64,7 +92,7 @@ def credential_line(settings: Settings) -> str | None:
         used = f"none ({var} is not set)"
     if split_query(url)[1]:
         used += "; the URL's query parameters go with every request"
-    return f"budgetbench: credential for {redact_url(url)}: {used}"
+    return used
 
 
 def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:
@@ -191,21 +219,39 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
               response_store: ResponseStore | None, slots_dir: Path,
               launcher: Launcher | None = None) -> ChatBackend:
     """The endpoint's client, behind the request slots and the response cache. The cache
-    keys on ``endpoint.identity``: the embedded server's model and flags, not its port.
-    An endpoint without a URL yet (the embedded server) gets it from ``launcher`` on its
-    first request that the cache cannot answer."""
-    from pytest_budgetbench.model import ChatModel, RequestSlots
+    keys on ``endpoint.identity``: the embedded server's model and flags, not its port;
+    several replicas' model, not the replica that answers. An endpoint without a URL yet
+    (the embedded server) gets it from ``launcher`` on its first request that the cache
+    cannot answer."""
+    from pytest_budgetbench.model import RequestSlots
+
+    chat: ChatModel | ReplicaPool
+    if endpoint.replicas:
+        chat = replica_pool(settings, endpoint, slots_dir)
+    else:
+        slots = None
+        if settings.concurrency is not None:
+            slots = RequestSlots(slots_dir, settings.concurrency)
+        url: str | Callable[[], str] = endpoint.base_url
+        if not url:
+            if launcher is None:
+                raise ValueError(f"endpoint {endpoint.model!r} has no URL yet and no launcher")
+            url = launcher.url
+        chat = chat_model(settings, endpoint, url, slots)
+    if response_store is None:
+        return chat
+    from pytest_budgetbench.cache import CachingChatModel
+
+    return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
+
+
+def chat_model(settings: Settings, endpoint: Endpoint, url: str | Callable[[], str],
+               slots: RequestSlots | None = None) -> ChatModel:
+    """The client of one URL of ``endpoint``, as ``settings`` ask for it."""
+    from pytest_budgetbench.model import ChatModel
     from pytest_budgetbench.tool_parser import parser_for
 
-    slots = None
-    if settings.concurrency is not None:
-        slots = RequestSlots(slots_dir, settings.concurrency)
-    url: str | Callable[[], str] = endpoint.base_url
-    if not url:
-        if launcher is None:
-            raise ValueError(f"endpoint {endpoint.model!r} has no URL yet and no launcher")
-        url = launcher.url
-    chat = ChatModel(
+    return ChatModel(
         url,
         endpoint.model,
         api_key=settings.api_key,
@@ -216,21 +262,62 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
         slots=slots,
         tool_parser=parser_for(settings.tool_parser, endpoint.embedded),
     )
-    if response_store is None:
-        return chat
-    from pytest_budgetbench.cache import CachingChatModel
 
-    return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
+
+def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> ReplicaPool:
+    """One client per replica of ``endpoint``, each with its own bound: with
+    --budgetbench-concurrency, that many request slots per replica, shared by the xdist
+    workers; without, one request at a time per replica from each process. Replicas
+    taken out and back are kept in the run's ``replicas.jsonl``."""
+    from pytest_budgetbench.distributed import worker_id
+    from pytest_budgetbench.records import REPLICAS_FILE, append_jsonl
+    from pytest_budgetbench.replicas import ReplicaPool
+
+    events = slots_dir.parent / REPLICAS_FILE  # the slots live in the run's directory
+
+    worker = worker_id()
+
+    def record(event: dict[str, object]) -> None:
+        append_jsonl(events, {**event, "worker": worker, "time": time.time()})
+
+    return ReplicaPool(
+        [chat_model(settings, endpoint, url) for url in endpoint.replicas],
+        per_replica=settings.concurrency or 1,
+        slots_dir=slots_dir if settings.concurrency is not None else None,
+        on_event=record,
+        first=int("".join(filter(str.isdigit, worker or "")) or 0),  # gw3: workers start apart
+    )
+
+
+def replica_lines(run_dir: Path, since: float = 0.0) -> list[str]:
+    """One line per replica taken out since ``since`` (this session: a resumed run's
+    file holds earlier ones): how often, and its last failure."""
+    from pytest_budgetbench.records import REPLICAS_FILE, read_jsonl
+
+    outs: dict[str, list[dict[str, object]]] = {}
+    for event in read_jsonl(run_dir / REPLICAS_FILE):
+        if event.get("event") == "out" and float(event.get("time") or 0) >= since:
+            outs.setdefault(str(event.get("replica")), []).append(event)
+    return [f"replica {replica} was taken out {len(events)} time(s) and its requests sent "
+            f"to the others; the last failure: {events[-1].get('error')}"
+            for replica, events in outs.items()]
 
 
 def structured_output(settings: Settings, endpoint: Endpoint, chat: ChatBackend,
                       response_store: ResponseStore | None) -> StructuredOutput:
     """How ``endpoint`` takes a JSON schema (--budgetbench-structured-output): probed
-    through ``chat`` on first use under auto, the form kept in the response cache."""
+    through ``chat`` on first use under auto, the form kept in the response cache.
+
+    Several replicas are probed through the first alone, not the pool: a form a server
+    fails on (llama-cpp-python answers one with a 500) says nothing of its health, and
+    the pool would take every replica out for it."""
     from pytest_budgetbench.structured import StructuredOutput
 
-    return StructuredOutput(settings.structured_output, chat, identity=endpoint.identity,
-                            model=endpoint.model, memo=response_store)
+    probe_chat = chat_model(settings, endpoint, endpoint.replicas[0]) if endpoint.replicas \
+        else chat
+    return StructuredOutput(settings.structured_output, probe_chat,
+                            identity=endpoint.identity, model=endpoint.model,
+                            memo=response_store)
 
 
 def embedding_store_path(settings: Settings, run_dir: Path) -> Path:

@@ -322,3 +322,22 @@ def test_loading_a_gguf_counter_prints_nothing_into_the_users_run(
         pytest.skip(str(exc))
     GGUFCounter(path)
     assert capsys.readouterr().err == ""
+
+
+class RoleCounter(WordCounter):
+    """Words, and a role's name costs its length: the count of a message depends on its
+    role and on every field it has, as real templates' do."""
+
+    def _count_prompt(self, messages: Sequence[Message]) -> int:
+        return 1 + sum(len(m["role"]) + len(m) + self._count_text(str(m["content"]))
+                       for m in messages)
+
+
+def test_a_message_of_a_role_and_a_text_keeps_its_count_by_both_and_nothing_else() -> None:
+    counter = RoleCounter()
+    user = counter.count_message({"role": "user", "content": "one two"})
+    assert counter.count_message({"role": "assistant", "content": "one two"}) == user + 5
+    assert counter.count_message({"role": "user", "content": "one two three"}) == user + 1
+    named = {"role": "user", "content": "one two", "name": "bob"}  # not plain: counted whole
+    assert counter.count_message(named) == user + 1
+    assert counter.count_message({"role": "user", "content": "one two"}) == user

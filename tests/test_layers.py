@@ -21,8 +21,8 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("messages", "errors", "records", "definition", "deadline", "lexicon", "redact", "registry",
      "options", "task_grammar", "nodeids", "distributed", "userdirs", "shards", "digests"),
-    ("budget", "framing", "model", "tool_parser", "endpoint", "aux_model", "embedded", "cache",
-     "embeddings", "config", "cells", "structured"),
+    ("budget", "framing", "model", "replicas", "tool_parser", "endpoint", "aux_model",
+     "embedded", "cache", "embeddings", "config", "cells", "structured"),
     ("tasks", "strategies", "reports", "testing"),
     ("declared", "catalog", "episode", "runner"),
     ("session", "wiring", "train_environment", "regrade", "preflight"),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from pytest_budgetbench.messages import check_messages
+from pytest_budgetbench.messages import check_messages, private_copy
 
 
 def test_a_valid_prompt_comes_back_unchanged() -> None:
@@ -34,3 +35,20 @@ def test_a_bad_prompt_names_its_producer_and_the_fault(prompt: object, expected:
     with pytest.raises(TypeError, match="strategy 's'") as info:
         check_messages(prompt, "strategy 's'")
     assert expected in str(info.value)
+
+
+def test_a_private_copy_shares_nothing_a_strategy_could_change() -> None:
+    originals = [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [{"type": "text", "text": "part"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    ]
+    kept = json.loads(json.dumps(originals))
+    copied = private_copy(originals)
+    assert copied == originals
+    copied[0]["content"] = "changed"
+    copied[1]["content"][0]["text"] = "changed"
+    copied[2]["tool_calls"][0]["function"]["name"] = "changed"
+    copied.append({"role": "user", "content": "more"})
+    assert originals == kept

@@ -277,3 +277,28 @@ def test_a_server_started_by_a_sweep_dies_with_it_even_on_sigkill() -> None:
         time.sleep(0.05)
     os.kill(child_pid, signal.SIGKILL)
     raise AssertionError("the child outlived its SIGKILLed parent")
+
+
+def test_every_client_of_the_process_shares_one_tls_context(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making a TLS context reads the CA bundle (tens of ms of CPU); a sweep makes a client
+    per request in flight, all as its first cells start."""
+    import ssl
+
+    from pytest_budgetbench import model as model_module
+
+    contexts: list[object] = []
+    real = model_module.http_client_type()
+
+    class Recording(real):  # type: ignore[misc,valid-type]
+        def __init__(self, **options: object) -> None:
+            contexts.append(options["verify"])
+            super().__init__(**options)
+
+    monkeypatch.setattr(model_module, "http_client_type", lambda: Recording)
+    first, second = _model(fake), _model(fake)
+    first._new_client().close()
+    assert len(contexts) == 3 and isinstance(contexts[0], ssl.SSLContext)
+    assert all(context is contexts[0] for context in contexts)
+    assert second.complete(QUESTION, max_tokens=8).text == "Biscuit"

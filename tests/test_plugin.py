@@ -225,7 +225,8 @@ def test_endpoint_failure_errors_and_is_never_graded(
                     "--budgetbench-strategies=truncation", "--budgetbench-retries=3")
     )
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*EndpointError: model endpoint * failed after 3 attempt(s)*"])
+    result.stdout.fnmatch_lines(
+        ["*EndpointUnavailable: model endpoint * failed after 3 attempt(s)*"])
     (row,) = rows_of(tmp_path)
     assert row["status"] == "error"
     assert row["quality"] is None and row["prediction"] is None

@@ -66,3 +66,21 @@ def test_non_answers_are_wrong(name: str, reply: str, tmp_path: Path) -> None:
         grade = task.grade(item, reply)
         assert grade.quality == 0.0, (item.item_id, reply)
         assert grade.grader.startswith(task.grader_version.split("-")[0])
+
+
+def test_a_built_in_resolves_without_reading_entry_points(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread of a concurrent sweep loads its strategy: scanning every installed
+    distribution's entry points took tens of ms of CPU each time."""
+    from pytest_budgetbench import registry
+    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
+
+    def no_scan(**_: object) -> list[object]:
+        raise AssertionError("entry points were read")
+
+    monkeypatch.setattr(registry, "entry_points", no_scan)
+    assert STRATEGIES.resolve("truncation").name == "truncation"
+    assert REGISTRY.resolve("memory").name == "memory"
+    with pytest.raises(AssertionError, match="entry points were read"):
+        STRATEGIES.resolve("not-a-built-in")
