@@ -18,8 +18,7 @@
     └── EndpointError          the model endpoint failed: never an answer to grade
         ├── RequestTimeout         a request did not end within its deadline (retried first)
         ├── RequestRejected        the endpoint refused the request as invalid (400, 422)
-        ├── EndpointUnavailable    every attempt failed for the server's reason (connection,
-        │                          timeout, 429, 5xx): another replica may answer
+        ├── EndpointUnavailable    the server failed every attempt: another replica may answer
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so

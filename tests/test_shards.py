@@ -256,6 +256,9 @@ def test_xdist_workers_run_the_shard_their_controller_resolved(
     """)
     monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
     monkeypatch.setenv("BUDGETBENCH_SHARD_COUNT", "2")
+    # This test may itself run in an xdist worker: its controller must not look like one.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
     result = pytester.runpytest_subprocess(*sweep_args(
         fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=4",
         "--budgetbench-shard=auto", "-n", "2"))
