@@ -33,7 +33,7 @@ def file_digest(path: Path) -> str:
     state = (str(resolved), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     found = _MEMO.get(state) or _remembered(state)
     if found is None:
-        found = _sha256(resolved)
+        found = file_sha256(resolved)
         _remember(state, found)
     _MEMO[state] = found
     return found
@@ -47,7 +47,8 @@ def directory_digest(root: Path) -> str:
     return digest.hexdigest()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks (not remembered: see :func:`file_digest`)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while block := handle.read(_BLOCK):

@@ -335,7 +335,7 @@ def test_a_files_digest_is_its_content_wherever_it_lies_and_is_remembered(
     assert digests.file_digest(here) == digests.file_digest(there)
 
     monkeypatch.setattr(digests, "_MEMO", {})  # a new process on this machine
-    monkeypatch.setattr(digests, "_sha256", _never_read)
+    monkeypatch.setattr(digests, "file_sha256", _never_read)
     assert digests.file_digest(here) == digests.file_digest(there)  # from the memo
 
     monkeypatch.undo()

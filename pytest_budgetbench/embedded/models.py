@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_budgetbench.digests import file_sha256
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 from pytest_budgetbench.userdirs import user_cache
 
@@ -178,14 +179,6 @@ def _stamp_matches(path: Path) -> bool:
 
 def _write_stamp(path: Path) -> None:
     _stamp_path(path).write_text(json.dumps(_file_state(path)))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def vocab_only_llama(path: Path) -> Any:
