@@ -140,6 +140,9 @@ def test_a_dripping_reply_is_retried_and_the_abandoned_request_is_hung_up(
 
 def test_probe_of_an_endpoint_whose_model_list_drips_gives_up(fake: FakeOpenAI) -> None:
     fake.drip_routes = {"/models"}
+    # Bytes well within the per-read timeout: what must end the probe is the whole reply's
+    # deadline, not one late byte (a drip as slow as the timeout raced it on a busy machine).
+    fake.drip_s = 0.2
     try:
         with pytest.raises(EndpointError) as info:
             returning_within(60, lambda: probe_endpoint(fake.base_url, SECRET, timeout=1.0))
