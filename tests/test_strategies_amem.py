@@ -22,10 +22,14 @@ from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._memory_system import json_values
 from pytest_budgetbench.strategies.amem import (
     EVOLUTION_PROMPT,
+    EVOLUTION_SCHEMA,
+    EVOLVE_REPLY_TOKENS,
     JSON_SYSTEM,
     MEMORIES,
     MEMORY_HEADER,
     NOTE_PROMPT,
+    NOTE_REPLY_TOKENS,
+    NOTE_SCHEMA,
     AMem,
     Evolution,
     Memory,
@@ -300,3 +304,26 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
         assert reused["aux_calls"] == [] and reused["aux_failures"] == 0
         # Every malformed reply, of both kinds, is one failure on the building cell's row.
         assert built["aux_failures"] == (len(built["aux_calls"]) if malformed else 0)
+
+
+def _longest(schema: dict[str, Any]) -> Any:
+    """The longest value ``schema`` allows: every array full, every string at its bound."""
+    if "enum" in schema:
+        return max(schema["enum"], key=len)
+    if schema["type"] == "object":
+        return {key: _longest(value) for key, value in schema["properties"].items()}
+    if schema["type"] == "array":
+        return [_longest(schema["items"])] * schema["maxItems"]
+    if schema["type"] == "string":
+        return "x" * schema["maxLength"]
+    return True
+
+
+@pytest.mark.parametrize(("schema", "limit"), [(NOTE_SCHEMA, NOTE_REPLY_TOKENS),
+                                               (EVOLUTION_SCHEMA, EVOLVE_REPLY_TOKENS)])
+def test_a_reply_at_every_bound_of_a_schema_fits_the_calls_token_limit(
+        schema: Any, limit: int) -> None:
+    """A constrained model cannot ramble a reply past its token limit (which cuts it into a
+    malformed one): the longest reply its schema allows, at ~4 characters a token, fits."""
+    longest = json.dumps(_longest(dict(schema.schema)))
+    assert len(longest) / 4 <= limit

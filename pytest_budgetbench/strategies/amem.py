@@ -311,10 +311,21 @@ MEMORIES: BuiltMemories[Memory] = BuiltMemories()
 NOTE_FIELDS = ("keywords", "context", "tags")
 
 
-_STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+def _strings_schema(items: int, chars: int) -> dict[str, Any]:
+    return {"type": "array", "maxItems": items,
+            "items": {"type": "string", "maxLength": chars}}
+
+
+# The bounds make a reply that follows the schema end within its token limit
+# (NOTE_REPLY_TOKENS, EVOLVE_REPLY_TOKENS): with none, the 0.5B default model filled
+# contexts and tag lists until the limit cut the reply (2 of 16 notes and 6 of 8
+# evolutions of the `memory` sweep, each a malformed reply). At ~4 characters a token:
+# note ~5x7 + 50 + 5x7 tokens; evolution ~5x5 + 5x7 + 5x22 + 5x2x7 tokens, plus JSON.
+_TERMS = _strings_schema(5, 32)
 NOTE_SCHEMA = Schema("amem_note", {
     "type": "object",
-    "properties": {"keywords": _STRINGS, "context": {"type": "string"}, "tags": _STRINGS},
+    "properties": {"keywords": _TERMS, "context": {"type": "string", "maxLength": 200},
+                   "tags": _TERMS},
     "required": list(NOTE_FIELDS), "additionalProperties": False})
 """An analysis reply as :func:`parse_note` reads it (the package's own schema for it)."""
 
@@ -354,11 +365,13 @@ EVOLUTION_SCHEMA = Schema("amem_evolution", {
     "type": "object",
     "properties": {
         "should_evolve": {"type": "boolean"},
-        "actions": {"type": "array", "items": {"type": "string", "enum": list(ACTIONS)}},
-        "suggested_connections": _STRINGS,
-        "tags_to_update": _STRINGS,
-        "new_context_neighborhood": _STRINGS,
-        "new_tags_neighborhood": {"type": "array", "items": _STRINGS},
+        "actions": {"type": "array", "maxItems": len(ACTIONS),
+                    "items": {"type": "string", "enum": list(ACTIONS)}},
+        "suggested_connections": _strings_schema(EVOLVE_NEIGHBOURS, 16),
+        "tags_to_update": _strings_schema(5, 24),
+        "new_context_neighborhood": _strings_schema(EVOLVE_NEIGHBOURS, 80),
+        "new_tags_neighborhood": {"type": "array", "maxItems": EVOLVE_NEIGHBOURS,
+                                  "items": _strings_schema(2, 24)},
     },
     "required": ["should_evolve", "actions", "suggested_connections", "tags_to_update",
                  "new_context_neighborhood", "new_tags_neighborhood"],
