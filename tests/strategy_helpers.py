@@ -131,3 +131,16 @@ def run_with_aux(strategy: Strategy, messages: list[Message], budget: int,
                               options=options)
     strategy.reset(context)
     return strategy.apply(messages, budget), aux, context
+
+
+def longest_allowed(schema: dict[str, Any]) -> Any:
+    """The longest value ``schema`` allows: every array full, every string at its bound."""
+    if "enum" in schema:
+        return max(schema["enum"], key=len)
+    if schema["type"] == "object":
+        return {key: longest_allowed(value) for key, value in schema["properties"].items()}
+    if schema["type"] == "array":
+        return [longest_allowed(schema["items"])] * schema["maxItems"]
+    if schema["type"] == "string":
+        return "x" * schema["maxLength"]
+    return True

@@ -43,6 +43,7 @@ from pytest_budgetbench.testing import HashingEmbedder, check_strategy
 from tests.strategy_helpers import (
     ScriptedAux,
     graded_sweep,
+    longest_allowed,
     memory_items,
     run_with_aux,
     scripted_responder,
@@ -306,18 +307,6 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
         assert built["aux_failures"] == (len(built["aux_calls"]) if malformed else 0)
 
 
-def _longest(schema: dict[str, Any]) -> Any:
-    """The longest value ``schema`` allows: every array full, every string at its bound."""
-    if "enum" in schema:
-        return max(schema["enum"], key=len)
-    if schema["type"] == "object":
-        return {key: _longest(value) for key, value in schema["properties"].items()}
-    if schema["type"] == "array":
-        return [_longest(schema["items"])] * schema["maxItems"]
-    if schema["type"] == "string":
-        return "x" * schema["maxLength"]
-    return True
-
 
 @pytest.mark.parametrize(("schema", "limit"), [(NOTE_SCHEMA, NOTE_REPLY_TOKENS),
                                                (EVOLUTION_SCHEMA, EVOLVE_REPLY_TOKENS)])
@@ -325,5 +314,5 @@ def test_a_reply_at_every_bound_of_a_schema_fits_the_calls_token_limit(
         schema: Any, limit: int) -> None:
     """A constrained model cannot ramble a reply past its token limit (which cuts it into a
     malformed one): the longest reply its schema allows, at ~4 characters a token, fits."""
-    longest = json.dumps(_longest(dict(schema.schema)))
+    longest = json.dumps(longest_allowed(dict(schema.schema)))
     assert len(longest) / 4 <= limit

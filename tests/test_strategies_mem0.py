@@ -23,6 +23,7 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.mem0 import (
+    EXTRACT_REPLY_TOKENS,
     EXTRACTION_SCHEMA,
     MEM0_WINDOW,
     MEMORIES,
@@ -37,7 +38,13 @@ from pytest_budgetbench.strategies.mem0 import (
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
 from tests.fake_openai import FakeOpenAI, reading_responder
-from tests.strategy_helpers import ScriptedAux, graded_sweep, memory_items, run_with_aux
+from tests.strategy_helpers import (
+    ScriptedAux,
+    graded_sweep,
+    longest_allowed,
+    memory_items,
+    run_with_aux,
+)
 
 if importlib.util.find_spec("mem0") is None:  # not imported here: mem0 must first see
     pytest.skip("mem0ai is not installed", allow_module_level=True)  # its settings
@@ -460,3 +467,12 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
             assert calls == [] and row["aux_failures"] == 0
         assert construction["aux_failures"] == (construction["aux_calls"] if malformed else 0)
         assert construction["memories"] == 0 if malformed else construction["memories"] > 0
+
+
+def test_the_extraction_schema_asks_for_one_memory_at_least_and_fits_its_token_limit() -> None:
+    """Allowed an empty list, a constrained small model answers every extraction with it;
+    unbounded, it can ramble past the token limit into a malformed reply."""
+    memory = EXTRACTION_SCHEMA.schema["properties"]["memory"]
+    assert memory["minItems"] == 1
+    longest = json.dumps(longest_allowed(dict(EXTRACTION_SCHEMA.schema)))
+    assert len(longest) / 4 <= EXTRACT_REPLY_TOKENS

@@ -253,16 +253,26 @@ def example_texts(instruction: str) -> frozenset[str]:
 
 EXTRACTION_SCHEMA = Schema("mem0_extraction", {
     "type": "object",
-    "properties": {"memory": {"type": "array", "items": {
+    "properties": {"memory": {"type": "array", "minItems": 1, "maxItems": 8, "items": {
         "type": "object",
-        "properties": {"id": {"type": "string"}, "text": {"type": "string", "minLength": 1},
+        "properties": {"id": {"type": "string", "maxLength": 8},
+                       "text": {"type": "string", "minLength": 1, "maxLength": 140},
                        "attributed_to": {"type": "string", "enum": ["user", "assistant"]},
-                       "linked_memory_ids": {"type": "array", "items": {"type": "string"}}},
+                       "linked_memory_ids": {"type": "array", "maxItems": 2,
+                                             "items": {"type": "string", "maxLength": 8}}},
         "required": ["id", "text", "attributed_to"], "additionalProperties": False}}},
     "required": ["memory"], "additionalProperties": False})
 """The output format of mem0's extraction instruction, as :func:`parse_extraction` reads it
 (mem0 2.2.1: ``id``, ``text`` and ``attributed_to`` required, ``linked_memory_ids``
-optional)."""
+optional), with two changes that constrained decoding needs:
+
+- at least one entry: allowed an empty list, the 0.5B default model answered every
+  extraction of the `memory` and LoCoMo sweeps with ``{"memory": []}`` (well formed, and
+  no memory at all). What is added is whole chat sessions, so there is always something
+  to keep;
+- bounded entries (8, of up to 140 characters), so that the longest reply the schema
+  allows ends within ``EXTRACT_REPLY_TOKENS`` instead of being cut into a malformed one.
+"""
 
 
 def parse_extraction(reply: str, placeholders: frozenset[str] = frozenset()
