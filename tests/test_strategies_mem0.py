@@ -23,6 +23,7 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.mem0 import (
+    BACKEND_MODULE,
     EXTRACT_REPLY_TOKENS,
     EXTRACTION_SCHEMA,
     MEM0_WINDOW,
@@ -299,6 +300,39 @@ def test_the_run_embedder_sets_the_store_dimensions() -> None:
     store = built.memory.vector_store
     info = store.client.get_collection(store.collection_name)
     assert info.config.params.vectors.size == 384 and built.memories > 0
+
+
+def _drop_mem0_modules() -> None:
+    """Drop mem0, qdrant-client and the backend from sys.modules, as pytester does after an
+    in-process run that imported them; the package attributes naming them stay."""
+    for name in list(sys.modules):
+        if name.partition(".")[0] in {"mem0", "qdrant_client"} or name == BACKEND_MODULE:
+            del sys.modules[name]
+
+
+def test_a_memory_is_built_after_its_libraries_were_dropped_from_sys_modules() -> None:
+    """The backend comes from sys.modules, not from the package attribute its first import
+    left: a stale backend's qdrant client is not the class mem0's fresh config checks
+    (CI: "Input should be an instance of QdrantClient" once an in-process run dropped them)."""
+    import pytest_budgetbench.strategies as strategies
+
+    saved_modules = dict(sys.modules)
+    saved_attribute = strategies.__dict__.get("_mem0_backend")
+    try:
+        _drop_mem0_modules()
+        first = backend()
+        first.new_memory("first", 8)
+        _drop_mem0_modules()
+        second = backend()
+        assert second is not first
+        assert second.new_memory("second", 8).vector_store.client is not None
+    finally:
+        sys.modules.clear()
+        sys.modules.update(saved_modules)
+        if saved_attribute is None:
+            strategies.__dict__.pop("_mem0_backend", None)
+        else:
+            strategies._mem0_backend = saved_attribute
 
 
 AUDIT = textwrap.dedent("""

@@ -57,6 +57,7 @@ memories kept) apart from query cost.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import json
 import os
@@ -142,9 +143,10 @@ def backend(work_dir: Path | None = None) -> ModuleType:
     if work_dir is not None and BACKEND_MODULE not in sys.modules:
         (work_dir / "mem0").mkdir(parents=True, exist_ok=True)
         os.environ[RUN_MEM0_DIR] = str(work_dir / "mem0")
-    from pytest_budgetbench.strategies import _mem0_backend
-
-    return _mem0_backend
+    # By its name in sys.modules, not as the package's attribute: a module dropped from
+    # sys.modules (pytester's in-process runs drop every module a run imported) is then
+    # imported again with the qdrant-client that mem0's config checks its client against.
+    return importlib.import_module(BACKEND_MODULE)
 
 
 # -- sessions and adds ---------------------------------------------------------------------
