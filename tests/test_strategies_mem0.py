@@ -505,8 +505,11 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
 
 def test_the_extraction_schema_asks_for_one_memory_at_least_and_fits_its_token_limit() -> None:
     """Allowed an empty list, a constrained small model answers every extraction with it;
-    unbounded, it can ramble past the token limit into a malformed reply."""
+    unbounded, it can ramble past the token limit into a malformed reply. It fills the list
+    it is allowed: the default model's constrained extractions on LoCoMo ran 3.45
+    characters a token (1,769 characters in 512), so the longest allowed reply must fit at
+    3 (at 4, eight entries passed and 11 of 26 replies were cut)."""
     memory = EXTRACTION_SCHEMA.schema["properties"]["memory"]
     assert memory["minItems"] == 1
     longest = json.dumps(longest_allowed(dict(EXTRACTION_SCHEMA.schema)))
-    assert len(longest) / 4 <= EXTRACT_REPLY_TOKENS
+    assert len(longest) / 3 <= EXTRACT_REPLY_TOKENS
