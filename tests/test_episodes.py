@@ -169,6 +169,25 @@ def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(
     assert resumed["calls"][0]["cached"] is True
 
 
+def test_the_summary_counts_cached_answers_among_the_answers_only(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Run again, an episode that went over budget at a later call had its earlier calls
+    answered by the cache: its row is cached, but it is no answer, so the summary's count
+    of cached answers leaves it out (it read "6 of 4 answers" on a real agent sweep)."""
+    args = lookup_args(agent, tmp_path, "--budgets=8192,900")
+    pytester.runpytest(*args)
+    first = set((tmp_path / "out").glob("*/cells.jsonl"))
+    result = pytester.runpytest(*args)
+    (again,) = set((tmp_path / "out").glob("*/cells.jsonl")) - first
+    rows = [json.loads(line) for line in again.read_text().splitlines()]
+    answers = [row for row in rows if row["status"] == "ok"]
+    assert any(row["cached"] and row["status"] == "violation" for row in rows)
+    cached = sum(1 for row in answers if row["cached"])
+    result.stdout.fnmatch_lines(
+        [f"{cached} of {len(answers)} answers came from the response cache*"])
+
+
 def test_regrade_grades_an_episode_from_its_recorded_trajectory_without_a_model_call(
     pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
 ) -> None:

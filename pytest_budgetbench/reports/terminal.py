@@ -201,11 +201,13 @@ def write_summary(
     if settings.reference is None and with_numpy:
         for line in reference_notes(rows):
             terminalreporter.write_line(line, yellow=True)
-    cached = sum(1 for r in rows if r.get("cached"))
+    # An episode over budget at a later call may have its earlier calls cached: no answer.
+    answers = [r for r in rows if r["status"] == Status.OK]
+    cached = sum(1 for r in answers if r.get("cached"))
     if cached:
         terminalreporter.write_line(
-            f"{cached} of {sum(r['status'] == Status.OK for r in rows)} answers came from the "
-            "response cache (model s is the original call's)"
+            f"{cached} of {len(answers)} answers came from the response cache (model s is "
+            "the original call's)"
         )
     for verdict in verdicts:
         if not verdict.passed:
