@@ -25,10 +25,10 @@ from tests.faults import all_scenarios
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tallies = all_scenarios(Path(tmp))
-    print(f"{'scenario':<30}{'faults':>7}{'cells':>7}{'done':>6}{'errors':>7}{'lost':>6}"
+    print(f"{'scenario':<34}{'faults':>7}{'cells':>7}{'done':>6}{'errors':>7}{'lost':>6}"
           f"{'dup':>5}{'graded':>8}{'secrets':>9}{'exit':>6}{'wall s':>8}")
     for t in tallies:
-        print(f"{t.scenario:<30}{t.faults_injected:>7}{t.cells:>7}{t.completed:>6}"
+        print(f"{t.scenario:<34}{t.faults_injected:>7}{t.cells:>7}{t.completed:>6}"
               f"{t.errored:>7}{t.rows_lost:>6}{t.duplicate_rows:>5}{t.graded_failures:>8}"
               f"{t.secret_hits:>9}{t.exit_code:>6}{t.wall_s:>8.1f}")
     return 0 if all(t.clean for t in tallies) else 1

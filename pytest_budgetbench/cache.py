@@ -21,12 +21,15 @@ table (the run's summary counts them) and made again. Entries written before che
 existed have none and are treated the same way, once: they are replaced by checked ones.
 A file that cannot be used (not a database, damaged, made by something else) is a
 :class:`~pytest_budgetbench.errors.CacheError` naming it and how to reset it; the session
-checks the files it will use before its first cell (:meth:`SharedDatabase.check`).
+checks the files it will use before its first cell (:meth:`SharedDatabase.check`), at a
+cost that does not grow with the file.
 
 Entries travel (``budgetbench cache merge``, :meth:`SharedDatabase.merge_from`): merging
 one file into another adds the entries it lacks, checked one by one (a bad one is reported
 and left out); a key both hold with different values is a conflict, reported, and the
-destination's entry kept. Claims in flight and the ``rejected`` log stay behind.
+destination's entry kept. Claims in flight and the ``rejected`` log stay behind. A
+source is only read (:attr:`SharedDatabase.read_only`): it may lie on a read-only volume or
+belong to someone else, and nothing is written in it or beside it.
 
 Modes (``--budgetbench-cache``):
 
@@ -133,6 +136,21 @@ def entry_checksum(*parts: object) -> str:
     return digest.hexdigest()[:32]
 
 
+def _read_edges(db: sqlite3.Connection, table: str) -> None:
+    """Read the first and last entry of ``table`` in key order: a few pages, the two edges
+    of its b-trees, whatever its size."""
+    info = list(db.execute(f"PRAGMA table_info({table})"))
+    if not info:  # a read-only file made before the table existed
+        return
+    keys = [row[1] for row in sorted(info, key=lambda row: row[5]) if row[5]] or ["rowid"]
+    # typeof() reads every column of the row without decoding its text (which may not be
+    # UTF-8: a checksum miss, not a broken file).
+    columns = ", ".join(f"typeof({row[1]})" for row in info)
+    for order in ("ASC", "DESC"):
+        ordered = ", ".join(f"{key} {order}" for key in keys)
+        db.execute(f"SELECT {columns} FROM {table} ORDER BY {ordered} LIMIT 1").fetchall()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -202,7 +220,13 @@ class SharedDatabase:
 
     def __init__(self, path: Path, schema: str) -> None:
         self.path = path
+        self.read_only = False
+        """Set before first use on a file that is only read (a merge's source): it is opened
+        read-only, nothing is written in it or beside it, and its messages never say to
+        delete it."""
         self._schema = schema
+        self._lacking: dict[str, list[str]] = {}
+        """The columns each table of the file lacks (a read-only file is never migrated)."""
         self._local = threading.local()
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -216,11 +240,15 @@ class SharedDatabase:
 
     def _connect(self) -> sqlite3.Connection:
         with self._failing("cannot be opened"):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+            if self.read_only:
+                db = self._connect_read_only()
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                db = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
             try:
-                _switch_to_wal(db)
-                db.execute("PRAGMA synchronous=NORMAL")
+                if not self.read_only:
+                    _switch_to_wal(db)
+                    db.execute("PRAGMA synchronous=NORMAL")
                 with self._ready_lock:
                     if not self._ready:
                         self._prepare(db)
@@ -230,28 +258,47 @@ class SharedDatabase:
                 raise
         return db
 
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """Open the file without writing in it or beside it (see :attr:`read_only`).
+
+        Without a ``-wal`` beside it the file alone holds every entry, and ``immutable=1``
+        reads it as it lies: ``mode=ro`` would make ``-wal`` and ``-shm`` files, and fails
+        where the directory is not writable. With one, ``mode=ro`` reads the entries it
+        holds too, under SQLite's locks (a run may still be writing it)."""
+        uri = self.path.absolute().as_uri()
+        wal = self.path.with_name(f"{self.path.name}-wal")
+        if wal.exists():
+            db = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=60.0,
+                                 isolation_level=None)
+            try:
+                db.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # opens -wal and -shm
+                return db
+            except sqlite3.OperationalError as exc:
+                db.close()
+                if wal.stat().st_size > 0:
+                    raise CacheError(
+                        f"the {self.label} {self.path} cannot be merged: {wal.name} beside it "
+                        f"holds entries not yet in it, and SQLite cannot read them without "
+                        f"writing {self.path.name}-shm there ({type(exc).__name__}: {exc}); "
+                        f"copy {self.path.name} and {wal.name} to a writable directory and "
+                        "merge from there"
+                    ) from None
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, timeout=60.0,
+                               isolation_level=None)
+
     def _prepare(self, db: sqlite3.Connection) -> None:
         """Make the tables, add the columns of ADDED_COLUMNS to tables made before them,
-        and refuse a file whose tables are not this cache's (another program's database)."""
-        expected = _columns_of(self._schema)
+        and refuse a file whose tables are not this cache's (another program's database).
+        A read-only file is only checked: what it lacks is read as empty (:meth:`entries`)."""
+        if self.read_only:
+            self._lacking = self._columns_lacking(db)
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
-            found = {name for (name,) in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'")
-                if not name.startswith("sqlite_")}
-            strangers = sorted(found - set(expected))
-            if strangers:
-                raise CacheError(self.describe(
-                    f"it holds tables this cache never makes ({', '.join(strangers)})"))
             for statement in self._schema.split(";"):
                 if statement.strip():
                     db.execute(statement)
-            for table, columns in expected.items():
-                have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
-                missing = columns[len(have):]
-                if have != columns[:len(have)] or not set(missing) <= set(ADDED_COLUMNS):
-                    raise CacheError(self.describe(
-                        f"its table '{table}' has columns {have}, not {columns}"))
+            for table, missing in self._columns_lacking(db).items():
                 for column in missing:
                     kind = _column_types(self._schema)[table][column]
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -259,9 +306,36 @@ class SharedDatabase:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self._lacking = {table: [] for table in _columns_of(self._schema)}
+
+    def _columns_lacking(self, db: sqlite3.Connection) -> dict[str, list[str]]:
+        """The columns each table of the schema lacks in the file (of ADDED_COLUMNS, or all of
+        a table it lacks); a CacheError for a file whose tables are not this cache's."""
+        expected = _columns_of(self._schema)
+        found = {name for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")
+            if not name.startswith("sqlite_")}
+        strangers = sorted(found - set(expected))
+        if strangers:
+            raise CacheError(self.describe(
+                f"it holds tables this cache never makes ({', '.join(strangers)})"))
+        lacking: dict[str, list[str]] = {}
+        for table, columns in expected.items():
+            have = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            missing = columns[len(have):]
+            if have and (have != columns[:len(have)] or not set(missing) <= set(ADDED_COLUMNS)):
+                raise CacheError(self.describe(
+                    f"its table '{table}' has columns {have}, not {columns}"))
+            lacking[table] = missing
+        return lacking
 
     def describe(self, problem: str) -> str:
-        """One line: which file, what is wrong, and how to reset it."""
+        """One line: which file, what is wrong, and how to reset it (a file only read is
+        never to be deleted: another copy of it is the way out)."""
+        if self.read_only:
+            return (f"the {self.label} {self.path} cannot be merged: {problem}; it was only "
+                    "read and is left as it was: merge from a sound copy of it, or from "
+                    "another location")
         hint = f", or {self.reset_hint}" if self.reset_hint else ""
         return (f"the {self.label} {self.path} cannot be used: {problem}; delete it (and "
                 f"any {self.path.name}-wal and {self.path.name}-shm beside it) to start an "
@@ -276,13 +350,17 @@ class SharedDatabase:
             raise CacheError(self.describe(f"it {what} ({type(exc).__name__}: {exc})")) from None
 
     def check(self) -> None:
-        """Open the file and run SQLite's quick integrity check: a CacheError, now, for a
-        file that is not a database, is damaged, or belongs to something else."""
-        with self._failing("fails SQLite's integrity check"):
-            problems = [row[0] for row in self._db().execute("PRAGMA quick_check")]
-        if problems != ["ok"]:
-            raise CacheError(self.describe(
-                f"it fails SQLite's integrity check ({'; '.join(problems[:3])})"))
+        """A CacheError, now, for a file that is not a database, is truncated or belongs to
+        something else, at a cost that does not grow with the file: opening it reads its
+        header (SQLite refuses a file shorter than the pages the header counts) and its
+        schema (:meth:`_prepare`), then the first and last entry of each table are read.
+        ``PRAGMA quick_check`` would read every page, seconds for a multi-GB response cache
+        at every start; damage inside the file is found by the read that reaches it instead
+        (a CacheError in that cell's row), and a bad entry by its checksum."""
+        with self._failing("cannot be read"):
+            db = self._db()
+            for table in _columns_of(self._schema):
+                _read_edges(db, table)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -333,11 +411,17 @@ class SharedDatabase:
         return ""
 
     def entries(self) -> Iterator[list[Entry]]:
-        """Every entry of :attr:`table`, in batches, unchecked."""
-        query = f"SELECT {', '.join(self._as_read())} FROM {self.table}"
+        """Every entry of :attr:`table`, in batches, unchecked; a column a read-only file
+        lacks (made before it existed) reads as NULL, as it would once added."""
         columns = list(_column_types(self._schema)[self.table])
         with self._failing("cannot be read"):
-            cursor = self._db().execute(query)
+            db = self._db()
+            lacking = self._lacking[self.table]
+            if len(lacking) == len(columns):  # a read-only file without the table
+                return
+            read = ["NULL" if column in lacking else expression
+                    for column, expression in zip(columns, self._as_read(), strict=True)]
+            cursor = db.execute(f"SELECT {', '.join(read)} FROM {self.table}")
             while batch := cursor.fetchmany(MERGE_BATCH):
                 yield [self._decoded(dict(zip(columns, row, strict=True))) for row in batch]
 

@@ -396,7 +396,8 @@ def add_cache_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "two beside it. Every entry "
         "is checked against its checksum: a bad one is reported and left out. A key DEST "
         "holds with another value is a conflict: reported, DEST's entry kept, exit 1 (0 "
-        "with --allow-conflicts). Claims in flight are never copied. Merging into an empty "
+        "with --allow-conflicts). Claims in flight are never copied. A SRC is only read (it "
+        "may be read-only or another user's). Merging into an empty "
         "directory exports a clean copy, for actions/cache or an artifact.",
     )
     merge.add_argument("sources", nargs="+", type=Path, metavar="SRC",

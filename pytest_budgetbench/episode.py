@@ -3,8 +3,10 @@
 An episodic task's environment gives the first messages and the tools; then, at every
 model call, the strategy builds the prompt from the trajectory so far, the runner checks
 its tool-call pairs, counts it with the tools and enforces the budget (a call over budget
-is a violation that ends the episode, and the row says which call), sends it, appends the
-reply, and the environment answers it: tool results, the next user turn, or the end.
+is a violation that ends the episode, and the row says which call), sends it, checks the
+reply (one the runner cannot use is the model's error, naming the call, and never enters
+the trajectory, where the next prompt would blame the strategy), appends it, and the
+environment answers it: tool results, the next user turn, or the end.
 
 One row per episode cell (``CellRow``'s episode fields) and one record in
 ``episodes.jsonl`` (written first: a row never exists without its trajectory), so that
@@ -20,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_budgetbench.budget import BudgetCheck, TokenCounter, message_key, prompt_sha256
-from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.errors import MalformedReply
+from pytest_budgetbench.messages import Message, Tool, shared_call_id
 from pytest_budgetbench.model import Completion
 from pytest_budgetbench.records import CellRow, Status
 from pytest_budgetbench.tasks import Environment
@@ -154,7 +157,7 @@ class EpisodeLoop:
                 episode.ended = Ended.VIOLATION
                 episode.violation = self.describe_violation(check, call.call)
                 break
-            completion = self.send(prompt, tools)
+            completion = self._reply(call, prompt, tools)
             self._received(call, completion)
             reply = completion.message
             episode.trajectory.append(reply)
@@ -180,6 +183,18 @@ class EpisodeLoop:
             episode._previous_ids = ids
         episode.calls.append(call)
         return call
+
+    def _reply(self, call: CallRecord, prompt: list[Message], tools: list[Tool]) -> Completion:
+        """The model's reply to ``call``, checked before it enters the trajectory; a
+        malformed one names the call."""
+        try:
+            completion = self.send(prompt, tools)
+            problem = shared_call_id(completion.tool_calls)
+            if problem:  # a backend that does not check (a reply cached before it did)
+                raise MalformedReply(f"malformed reply from the model: {problem}")
+        except MalformedReply as exc:
+            raise MalformedReply(f"{exc}; it answered call {call.call} of the episode") from None
+        return completion
 
     @staticmethod
     def _received(call: CallRecord, completion: Completion) -> None:

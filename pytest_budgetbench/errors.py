@@ -11,6 +11,7 @@
     │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
     ├── RecordError            a row could not be written whole (disk full, short write)
+    ├── RunStopping            the session is stopping (Ctrl-C): the cell in flight records nothing
     ├── CacheError             a cache file (replies, counts, vectors) cannot be used
     ├── ReportError            the records cannot make a report (no run directory, no cell row)
     │   ├── DiffError              two runs cannot be compared (no common cell, other items)
@@ -19,6 +20,7 @@
         ├── RequestTimeout         a request did not end within its deadline (retried first)
         ├── RequestRejected        the endpoint refused the request as invalid (400, 422)
         ├── EndpointUnavailable    the server failed every attempt: another replica may answer
+        ├── MalformedReply         the server answered, but with a reply the runner cannot use
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -87,6 +89,11 @@ class StrategyAborted(StrategyError):
     and the run stops cleanly (the plugin turns this into ``pytest.exit``)."""
 
 
+class RunStopping(BudgetBenchError):
+    """The session is stopping (Ctrl-C, SIGTERM) while a cell runs in a thread: the cell
+    ends before its next model call and records no row, so a resume runs it again."""
+
+
 class TokenizerError(BudgetBenchError):
     """The token counter could not be loaded or could not count a prompt."""
 
@@ -130,8 +137,16 @@ class EndpointUnavailable(EndpointError):
     """Every attempt at a request failed for a reason of the server's, not the request's:
     refused or dropped connections, timeouts, 429s, 5xx, or a Retry-After too long to wait.
     A pool of replicas takes such a replica out and sends the request to another
-    (:mod:`~pytest_budgetbench.replicas`); a 400 or a malformed reply is the request's or
-    the model's, the same at every replica, and stays a plain EndpointError."""
+    (:mod:`~pytest_budgetbench.replicas`); a 400 is the request's, the same at every
+    replica, and stays a plain EndpointError (a malformed reply: :class:`MalformedReply`)."""
+
+
+class MalformedReply(EndpointError):
+    """The endpoint answered (HTTP 200), but the reply cannot be used: a body that is not
+    JSON, no choices, no content, tool calls that share an id. Never retried at the same
+    server. A pool of replicas sends the request to another: where that one's reply is
+    usable, the first replica is at fault and is taken out as for a 5xx; where every reply
+    is malformed, the model's reply is, and this is raised."""
 
 
 class EmbeddedServerError(EndpointError):

@@ -135,6 +135,20 @@ def tool_calls_of(message: Message) -> list[dict[str, Any]]:
     return list(calls) if message.get("role") == "assistant" and calls else []
 
 
+def shared_call_id(calls: Sequence[dict[str, Any]]) -> str:
+    """What is wrong with one reply's tool calls, "" when nothing: each call needs an id of
+    its own, since a tool result answers one id (two calls that share one make a
+    trajectory whose pairs no prompt can keep, whoever builds it)."""
+    first: dict[str, int] = {}
+    for number, call in enumerate(calls, 1):
+        call_id = str(call.get("id"))
+        if call_id in first:
+            return (f"tool calls {first[call_id]} and {number} of the reply share id "
+                    f"{call_id!r} (each call needs an id of its own, for its tool result)")
+        first[call_id] = number
+    return ""
+
+
 def check_tool_pairs(messages: Sequence[Message], produced_by: str) -> None:
     """Raise ValueError naming ``produced_by`` and the pair when a prompt breaks one: a
     tool result whose call is not open just before it, or a call whose result does not

@@ -27,10 +27,11 @@ from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.errors import (
     EndpointError,
     EndpointUnavailable,
+    MalformedReply,
     RequestRejected,
     RequestTimeout,
 )
-from pytest_budgetbench.messages import Message, Tool, as_sent
+from pytest_budgetbench.messages import Message, Tool, as_sent, shared_call_id
 from pytest_budgetbench.redact import (
     first_line,
     redact,
@@ -172,8 +173,9 @@ class ChatModel:
     of the reply (a reply that drips in, or never ends, times out like a silent server).
     429s, 5xx, timeouts and dropped connections are retried up to ``attempts`` times,
     honouring ``Retry-After`` up to the request timeout and ``max_backoff_s``; a server
-    that asks for a longer wait ends the call. After that, and for any malformed reply,
-    the call raises EndpointError. Every message is redacted (no key, no URL credentials).
+    that asks for a longer wait ends the call. After that the call raises EndpointError;
+    a malformed reply, at once, :class:`~pytest_budgetbench.errors.MalformedReply` (a pool
+    of replicas asks another). Every message is redacted (no key, no URL credentials).
 
     A query string in ``base_url`` (``https://host/v1?key=K``) is sent with every request
     as a default query parameter, never as part of a route's path. With an API key, the
@@ -294,7 +296,7 @@ class ChatModel:
             except self._api_error as exc:
                 raise EndpointError(self._describe_failure(exc, attempt)) from None
             except ValueError as exc:  # undecodable body
-                raise EndpointError(self._malformed(str(exc))) from None
+                raise MalformedReply(self._malformed(str(exc))) from None
             return self._parse(response, latency_s, tools)
         raise AssertionError("unreachable")
 
@@ -341,14 +343,17 @@ class ChatModel:
                tools: Sequence[Tool] | None = None) -> Completion:
         choices = getattr(response, "choices", None)
         if not choices or getattr(choices[0], "message", None) is None:
-            raise EndpointError(self._malformed("no choices/message"))
+            raise MalformedReply(self._malformed("no choices/message"))
         message = choices[0].message
         calls = tuple(_call_dict(call) for call in (getattr(message, "tool_calls", None) or ()))
         text = message.content
         if text is None and calls:
             text = ""
         if not isinstance(text, str):
-            raise EndpointError(self._malformed("message has no content"))
+            raise MalformedReply(self._malformed("message has no content"))
+        problem = shared_call_id(calls)
+        if problem:  # checked as received: in a trajectory, it would read as a broken pair
+            raise MalformedReply(self._malformed(problem))
         parsed = 0
         if tools and not calls and self.tool_parser == "hermes":
             reply = parse_tool_calls(text, tools)

@@ -16,6 +16,7 @@ golds (and records them in the re-graded rows).
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from collections import defaultdict
@@ -48,6 +49,8 @@ class CellChange:
     """Old and new mean quality of one task x strategy@budget over its re-graded rows."""
 
     old: list[float] = field(default_factory=list)
+    """The old qualities that are numbers: a row without one (see :func:`old_quality`) has
+    none here, so the old mean is over the rows that had one."""
     new: list[float] = field(default_factory=list)
     changed: int = 0
     graders: set[str] = field(default_factory=set)
@@ -66,6 +69,8 @@ class RegradeResult:
     changes: dict[tuple[str, str, int], CellChange]
     new_golds: int = 0
     """Rows graded against a gold that differs from the one they recorded."""
+    no_old_quality: list[tuple[str, Any]] = field(default_factory=list)
+    """Re-graded rows whose recorded quality was not a number: (cell id, what it was)."""
 
 
 def regrade_run(
@@ -93,12 +98,17 @@ def regrade_run(
     graders = _Graders(settings, RunStore(source).episodes())
     changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
     regraded, written = 0, []
+    no_old_quality: list[tuple[str, Any]] = []
     for row in rows:
         new = graders.regrade(row)
         if new is not None:
             regraded += 1
             change = changes[(str(row["task"]), str(row["strategy"]), int(row["budget"]))]
-            change.old.append(float(row.get("quality") or 0.0))
+            old = old_quality(row)
+            if old is None:
+                no_old_quality.append((str(row.get("cell_id")), row.get("quality")))
+            else:
+                change.old.append(old)
             change.new.append(float(new["quality"]))
             change.changed += new["quality"] != row.get("quality")
             change.graders.add(str(new["grader"]))
@@ -113,7 +123,18 @@ def regrade_run(
         shutil.copyfile(source / EPISODES_FILE, out / EPISODES_FILE)
     _write_run_info(out, info, source, settings)
     return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes),
-                         len(graders.new_golds))
+                         len(graders.new_golds), no_old_quality)
+
+
+def old_quality(row: dict[str, Any]) -> float | None:
+    """The row's recorded quality when it is a finite number, else None (absent, null, or
+    damaged: "n/a", a list, a bool, NaN). Such a row is still re-graded: its new quality
+    does not depend on the old one, and a hand-edited or damaged row should not stop the
+    command."""
+    quality = row.get("quality")
+    if isinstance(quality, bool) or not isinstance(quality, int | float):
+        return None
+    return float(quality) if math.isfinite(quality) else None
 
 
 def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
@@ -231,6 +252,11 @@ def format_changes(result: RegradeResult) -> Iterable[str]:
     if result.new_golds:
         yield (f"budgetbench: {result.new_golds} rows were graded against golds that changed "
                "since the run (--accept-new-golds); their rows record the new gold")
+    if result.no_old_quality:
+        cell, value = result.no_old_quality[0]
+        yield (f"budgetbench: {len(result.no_old_quality)} re-graded rows had no numeric old "
+               f"quality (e.g. row {cell!r}: {json.dumps(value, default=str)[:40]}); the old "
+               "means leave them out, their new quality is in the new means")
     yield f"{'task':<14} {'strategy@budget':<28} {'n':>5} {'old':>7} {'new':>7} " \
           f"{'delta':>7} {'changed':>7}  grader"
     for (task, strategy, budget), change in sorted(result.changes.items()):

@@ -15,8 +15,14 @@ ChatModel` per URL:
   (:class:`~pytest_budgetbench.errors.EndpointUnavailable`: refused or dropped
   connections, timeouts, 429s, 5xx) is taken out for a cool-down, doubled for each failure
   in a row (30 s, 60 s, ... up to 10 min), and the request goes to another replica. A
-  failure of the request itself (a 400, a malformed reply) would be the same at every
-  replica: it is raised as it is.
+  failure of the request itself (a 400) would be the same at every replica: it is raised
+  as it is.
+- A reply that cannot be used (:class:`~pytest_budgetbench.errors.MalformedReply`: a 200
+  whose body is not JSON, no choices, tool calls that share an id) may be the replica's or
+  the model's: the request goes to another replica. Where that one's reply is usable, the
+  first replica is at fault and is taken out as for a 5xx; where every replica's reply is
+  malformed, the model's reply is, no replica is taken out, and the request raises
+  MalformedReply, as one endpoint would.
 - A replica comes back when its cool-down ends; its next request tells whether it is up
   again. When every replica is out, a request still goes to the one that comes back
   first, so an outage of all of them is what it is with one endpoint: each request tries,
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.errors import EndpointUnavailable
+from pytest_budgetbench.errors import EndpointError, EndpointUnavailable, MalformedReply
 from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.model import ChatModel, Completion, RequestSlots
 from pytest_budgetbench.redact import redact, redact_url
@@ -127,24 +133,52 @@ class ReplicaPool:
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
                  tools: Sequence[Tool] | None = None,
                  response_format: Mapping[str, Any] | None = None) -> Completion:
+        request = {"max_tokens": max_tokens, "tools": tools, "response_format": response_format}
         tried: set[int] = set()
+        malformed: list[tuple[Replica, MalformedReply]] = []
         while True:
             replica, slot = self._acquire(tried)
-            try:
-                completion = replica.chat.complete(messages, max_tokens=max_tokens,
-                                                   tools=tools, response_format=response_format)
-            except EndpointUnavailable as exc:
-                self._take_out(replica, exc)
-                tried.add(replica.index)
-                if len(tried) == len(self.replicas):
-                    raise EndpointUnavailable(redact(
-                        f"every replica of model {self.model!r} failed this request "
-                        f"({len(tried)} of {len(tried)}); the last: {exc}")) from None
-                continue
-            finally:
-                self._release(replica, slot)
-            self._back_in(replica)
+            outcome = self._ask(replica, slot, messages, request)
+            if isinstance(outcome, Completion):
+                self._back_in(replica)
+                for bad, exc in malformed:  # this reply is usable: theirs were their fault
+                    self._take_out(bad, exc)
+                return outcome
+            if isinstance(outcome, MalformedReply):
+                malformed.append((replica, outcome))
+            tried.add(replica.index)
+            if len(tried) == len(self.replicas):
+                raise self._no_answer(outcome, len(tried), len(malformed))
+
+    def _ask(self, replica: Replica, slot: int | None, messages: Sequence[Message],
+             request: dict[str, Any]) -> Completion | EndpointUnavailable | MalformedReply:
+        """``replica``'s reply, or the failure after which another replica may answer (any
+        other is raised). A replica that failed for a reason of the server's is taken out
+        before its slot is freed, so that no request waiting for the slot picks it."""
+        try:
+            completion: Completion = replica.chat.complete(messages, **request)
             return completion
+        except EndpointUnavailable as exc:
+            self._take_out(replica, exc)
+            return exc
+        except MalformedReply as exc:  # whose fault it is, another replica's reply tells
+            return exc
+        finally:
+            self._release(replica, slot)
+
+    def _no_answer(self, last: EndpointError, tried: int, malformed: int) -> EndpointError:
+        """The error of a request that no replica answered usably: MalformedReply where one
+        replied malformed (the model's reply may be: no replica is blamed for it)."""
+        if not malformed:
+            return EndpointUnavailable(redact(
+                f"every replica of model {self.model!r} failed this request ({tried} of "
+                f"{tried}); the last: {last}"))
+        why = ("every one replied malformed, so the fault is the model's reply, not a "
+               "replica's, and none was taken out for it" if malformed == tried
+               else f"{malformed} replied malformed, the others failed")
+        return MalformedReply(redact(
+            f"no replica of model {self.model!r} gave a usable reply to this request ({tried} "
+            f"tried; {why}); the last: {last}"))
 
     def _acquire(self, tried: set[int]) -> tuple[Replica, int | None]:
         """The replica this request goes to and the slot it holds there, waiting while
@@ -191,7 +225,7 @@ class ReplicaPool:
             replica.in_flight -= 1
             self._changed.notify_all()
 
-    def _take_out(self, replica: Replica, exc: EndpointUnavailable) -> None:
+    def _take_out(self, replica: Replica, exc: EndpointError) -> None:
         """Leave ``replica`` out for its cool-down; a replica already out (another request
         to it failed first) keeps the cool-down it has."""
         with self._changed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -29,6 +30,7 @@ from pytest_budgetbench.errors import (
     BudgetExceeded,
     EndpointError,
     RecordError,
+    RunStopping,
     StrategyAborted,
     StrategyError,
     TokenizerError,
@@ -45,6 +47,7 @@ from pytest_budgetbench.records import STRATEGY_FILES, CellRow, RunStore, Status
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.structured import StructuredOutput
 from pytest_budgetbench.tasks import EpisodicTask, Item, Task
+from pytest_budgetbench.tool_parser import parse_tool_calls, parser_for
 
 T = TypeVar("T")
 
@@ -128,6 +131,16 @@ class Runner:
         the sweep's own endpoint); a model without an entry is sent none."""
         # Strategies keep per-item state, so each thread (--budgetbench-concurrency) has its own.
         self._local = threading.local()
+        self._unread_calls_seen = False
+        """Whether a reply held tool calls as text that no parser reads: told once a run."""
+        self._seen_lock = threading.Lock()
+        self._stopping = threading.Event()
+        """Set by :meth:`stop`: cells running in threads end before their next call."""
+
+    def stop(self) -> None:
+        """End the cells running in other threads at their next model call, recording
+        nothing (Ctrl-C): the session exits in seconds, and a resume runs them."""
+        self._stopping.set()
 
     def strategy(self, name: str) -> Strategy:
         strategies: dict[str, Strategy] = self._local.__dict__.setdefault("strategies", {})
@@ -169,9 +182,11 @@ class Runner:
             if isinstance(task, EpisodicTask):
                 return self._run_episode(cell, task, item, strategy, context, row, timer)
             return self._run(cell, task, item, strategy, context, row, timer)
-        except RecordError:
-            raise  # the row itself could not be written: there is nothing more to record
+        except (RecordError, RunStopping):
+            raise  # the row could not be written, or must not be: nothing more to record
         except (BudgetBenchError, StrategyAborted) as exc:
+            if self._stopping.is_set():  # e.g. the stopped server broke the call in flight
+                raise RunStopping(f"cell {cell.cell_id} stopped with the session") from exc
             # The test errors (or the run stops), but the cell still gets its one row.
             if context is not None:
                 self._record_strategy(row, context)
@@ -180,6 +195,7 @@ class Runner:
             raise
         finally:
             self.tokens.save_counts()  # one transaction per cell for the counts it made
+            self._tell_unread_calls()
 
     def _run(
         self,
@@ -400,10 +416,40 @@ class Runner:
 
     def _call(self, prompt: list[Message], timer: Timer | None, tools: Sequence[Tool],
               max_tokens: int) -> Completion:
+        if self._stopping.is_set():
+            raise RunStopping("the session is stopping: no more model calls")
+
         def call() -> Completion:
             return self.chat.complete(prompt, max_tokens=max_tokens, tools=tools or None)
 
-        return timer(call) if timer is not None else call()
+        completion = timer(call) if timer is not None else call()
+        self._look_for_unread_calls(completion, tools)
+        return completion
+
+    def _look_for_unread_calls(self, completion: Completion, tools: Sequence[Tool]) -> None:
+        """Keep a note, the first time in the run, of a reply whose text holds calls to the
+        request's tools while its ``tool_calls`` is empty and no parser reads text: the
+        call is taken for the final answer (an episode ends after it, graded 0), and
+        nothing else says why. The note is told as the cell ends (:meth:`run`)."""
+        if self._unread_calls_seen or not tools or completion.tool_calls:
+            return
+        if parser_for(self.settings.tool_parser, self.endpoint.embedded) != "none":
+            return  # a parser read the text already and found no call
+        if not parse_tool_calls(completion.text, tools).tool_calls:
+            return
+        with self._seen_lock:
+            first, self._unread_calls_seen = not self._unread_calls_seen, True
+        if first:
+            self._local.unread_calls = True
+
+    def _tell_unread_calls(self) -> None:
+        """The note :meth:`_look_for_unread_calls` kept in this thread, as a warning (in
+        pytest's warnings summary; its text is the same in every xdist worker, so pytest
+        shows it once). Told after the cell's row, which an error-raising filter
+        (``-W error``) must not cost."""
+        if not self._local.__dict__.pop("unread_calls", False):
+            return
+        warnings.warn(unread_calls_note(self.endpoint), stacklevel=2)
 
     def _audit(self, cell: Cell, sha: str, prompt: list[Message]) -> None:
         mode = self.settings.audit
@@ -445,3 +491,15 @@ class Runner:
             worker=worker_id(),
             time=round(time.time(), 3),
         )
+
+
+def unread_calls_note(endpoint: Endpoint) -> str:
+    """The warning for replies that hold tool calls as text no parser reads."""
+    return (
+        f"replies of model {endpoint.model!r} at {endpoint.label} hold tool calls as text "
+        "(e.g. <tool_call> blocks) with tool_calls empty, and no tool-call parser reads "
+        "text for this endpoint (the default, auto, reads it for the embedded model only): "
+        "each such call is read as the final answer, so an agent episode ends at its "
+        "first call; to read them, pass --budgetbench-tool-parser=hermes, or have the "
+        "server return its calls in tool_calls"
+    )

@@ -66,7 +66,10 @@ def resolve_run_dir(settings: Settings) -> Path:
     if settings.resume is None:
         return out / new_run_id(settings.shard)
     if settings.resume == "latest":
-        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file() and ran_a_cell(d)]
+        # run.json is written after the checks and before the first cell, so a directory
+        # that has it is a run, even one killed in its first cell with no row yet; one
+        # without it is a start that failed (it may hold the embedded server's log).
+        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file()]
         if not runs:
             raise ConfigError(
                 f"--budgetbench-resume=latest found no run in {out}; "
@@ -80,13 +83,6 @@ def resolve_run_dir(settings: Settings) -> Path:
             f"{CELLS_FILE}); pass a directory under --budgetbench-out, or 'latest'"
         )
     return run_dir
-
-
-def ran_a_cell(run_dir: Path) -> bool:
-    """A run directory whose sweep recorded at least one row; a start that failed before
-    its first cell (and left, say, an embedded server's log) is not a run to resume."""
-    cells = run_dir / CELLS_FILE
-    return cells.is_file() and cells.stat().st_size > 0
 
 
 def started_at(run_dir: Path) -> float:
@@ -198,9 +194,8 @@ class BudgetBenchSession:
         assert self.endpoint is not None
         settings, catalog = self.settings, self.catalog
         block = run_definition(settings, self.endpoint.model, self._counter.name
-                               if self._counter else settings.tokenizer)
-        block["settings"]["aux_models"] = {name: e.model
-                                           for name, e in sorted(self.aux_endpoints.items())}
+                               if self._counter else settings.tokenizer,
+                               {name: e.model for name, e in self.aux_endpoints.items()})
         for name, entry in block["tasks"].items():
             task = catalog.task(name)
             path = task.options.data_path
@@ -237,7 +232,8 @@ class BudgetBenchSession:
         recorded = earlier.get("settings") or {}
         try:
             block = run_definition(settings_from_record(recorded), earlier.get("model"),
-                                   str(recorded.get("tokenizer", "auto")))
+                                   str(recorded.get("tokenizer", "auto")), {})
+            del block["settings"]["aux_models"]  # not recorded: targets, not their models
         except (TypeError, ValueError, ImportError, BudgetBenchError):  # another version's
             block = {"settings": {"model": earlier.get("model")}}
         if block["settings"]["model"] is None:  # a run.json that names no model
@@ -430,15 +426,22 @@ class BudgetBenchSession:
         return wiring.cache_rejections(self.settings, self.store.run_dir, self.created)
 
     def stop(self) -> None:
+        """End the session: cells queued in threads are dropped and those running end
+        before their next model call, recording nothing (after Ctrl-C: the resume runs
+        them), and the embedded server stops, which ends a call in flight at once."""
         self.store.unlock()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._runner is not None:
+            self._runner.stop()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         if self._launch_service is not None:
             self._launch_service.close()
             self._launch_service = None
         if self.server is not None:
             self.server.stop()  # keeps .attempted: the summary (printed before) reads it
+        if pool is not None:
+            pool.shutdown(wait=True)  # each thread is at most one call (now failing) from done
 
     # -- every process -----------------------------------------------------------------
     @functools.cached_property
@@ -531,15 +534,20 @@ class BudgetBenchSession:
                 self._pending[cell.cell_id] = self._pool.submit(runner.run, cell)
 
 
-def run_definition(settings: Settings, model: str | None, tokenizer: str) -> dict[str, Any]:
+def run_definition(settings: Settings, model: str | None, tokenizer: str,
+                   aux_models: dict[str, str | None]) -> dict[str, Any]:
     """The definition of a sweep with ``settings``, as far as settings tell it: the
-    session adds each task's grader, data digest and item digests."""
+    session adds each task's grader, data digest and item digests.
+
+    Every name in :data:`definition.CELL_SETTINGS` is recorded, so every one is compared on
+    a resume: those the session resolves (the model, the counter, each auxiliary
+    endpoint's model) from the arguments, the rest from the Settings field of that name."""
+    resolved: dict[str, Any] = {
+        "model": model, "tokenizer": tokenizer, "aux_models": dict(sorted(aux_models.items())),
+        "grader": dict(sorted((settings.grader or {}).items()))}
     block: dict[str, Any] = {"version": definition.VERSION, "settings": {
-        "model": model, "seed": settings.seed, "items": settings.items,
-        "max_tokens": settings.max_tokens, "temperature": settings.temperature,
-        "tokenizer": tokenizer, "grader": dict(sorted((settings.grader or {}).items())),
-        "judge_model": settings.judge_model, "embedding_model": settings.embedding_model,
-        "embedding_backend": settings.embedding_backend}}
+        key: definition.plain(resolved[key] if key in resolved else getattr(settings, key))
+        for key in definition.CELL_SETTINGS}}
     from pytest_budgetbench.tasks import sweep_tasks
 
     block["tasks"] = {name: {"options": definition.plain(task_values(cls, settings))}

@@ -422,13 +422,15 @@ def merge_caches(sources: list[Path], into: Path) -> list[MergeResult]:
     """Merge the caches of each of ``sources`` into those of ``into`` (see caches_at), as
     :meth:`~pytest_budgetbench.cache.SharedDatabase.merge_from` does, one file at a time:
     a union of checked entries; claims in flight and the rejected log stay behind. Every
-    source file is checked before anything is written (a CacheError names a bad one)."""
+    source file is checked before anything is written (a CacheError names a bad one), and
+    only read: it may lie on a read-only volume or belong to another user."""
     from pytest_budgetbench.errors import ConfigError
 
     targets = {type(store): store for store in caches_at(into)}
     pairs = [(store, targets[type(store)]) for source in sources
              for store in caches_at(source) if store.path.is_file()]
     for store, target in pairs:
+        store.read_only = True
         if store.path.resolve() == target.path.resolve():
             raise ConfigError(f"{store.path} is both a source and the destination of the "
                               "merge: pass another --into")

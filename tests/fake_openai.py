@@ -6,14 +6,21 @@ strategy that drops the evidence scores lower, and it reports ``usage.prompt_tok
 with the approximate counter, so tests can check the runner's count against it.
 
 Faults are scripted per request: ``server.faults = ["500", "429", "timeout", "malformed",
-"none", "null", "drop"]`` makes the next requests fail in that order. For a fault-injection
-run, ``server.inject(rate, kinds, seed)`` makes each request fail with probability ``rate``
+"none", "null", "drop"]`` makes the next requests fail in that order (``""`` answers one
+as usual: ``["", "500"]`` fails the second). For a fault-injection run,
+``server.inject(rate, kinds, seed)`` makes each request fail with probability ``rate``
 instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, and
 ``max_in_flight`` records the most requests it was ever serving at once.
 
 ``"drip"`` is a whole reply, padded to ``drip_bytes``, sent one byte every ``drip_s``
 seconds: no single read ever waits long, yet the reply takes minutes. Every answer of a
 route in ``drip_routes`` (e.g. ``{"/models", "/tokenize"}``) drips the same way.
+
+``"duplicate_ids"`` is a 200 whose reply makes two tool calls that share one id: the
+responder's first call twice, or, for a reply without calls, two to the request's first
+tool (a request without tools gets its reply as it is). ``"malformed"`` is a 200 whose
+body is not JSON: ``server.inject(1.0, ("malformed",))`` makes a replica that always
+answers so.
 
 ``"429:<value>"`` is a 429 whose ``Retry-After`` is ``<value>`` (``inf``, ``3600``, an
 HTTP date, garbage), and ``"401echo"`` a 401 whose body echoes the request's
@@ -330,6 +337,8 @@ class FakeOpenAI:
                     self._send(200, json.dumps({"id": "x", "object": "chat.completion",
                                                 "created": 0, "model": fake.model,
                                                 "choices": []}).encode())
+                elif fault == "duplicate_ids":
+                    self._send(200, self._duplicate_ids(payload))
                 elif fault == "null":
                     body = json.loads(self._completion(payload))
                     body["choices"][0]["message"]["content"] = None
@@ -340,6 +349,18 @@ class FakeOpenAI:
                     self.connection.shutdown(2)
                 else:
                     self._send(200, self._completion(payload))
+
+            def _duplicate_ids(self, payload: dict[str, Any]) -> bytes:
+                body = json.loads(self._completion(payload))
+                message = body["choices"][0]["message"]
+                calls = message.get("tool_calls") or [
+                    {"id": "call_dup", "type": "function",
+                     "function": {"name": tool["function"]["name"], "arguments": "{}"}}
+                    for tool in payload.get("tools", [])[:1]]
+                if calls:
+                    message["content"] = None
+                    message["tool_calls"] = [calls[0], dict(calls[0])]
+                return json.dumps(body).encode()
 
             @staticmethod
             def _constrained(reply: str, schema: dict[str, Any]) -> str:

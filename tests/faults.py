@@ -13,9 +13,11 @@ planted ``OPENAI_API_KEY``.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -25,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fake_openai import FakeOpenAI, reading_responder
+from tests.fake_openai import FakeOpenAI, agent_responder, reading_responder
 
 STRATEGIES = ("full_context", "truncation", "crashy")
 BUDGETS = (512, 8192)
@@ -69,11 +71,14 @@ class FaultTally:
     exit_code: int
     wall_s: float
     secret_hits: int = 0
+    changed: int = 0
+    """Files the scenario only reads (a merge's sources) or must leave alone (a refused
+    resume's rows and run.json) whose bytes changed."""
 
     @property
     def clean(self) -> bool:
         return (self.rows_lost == self.duplicate_rows == self.graded_failures
-                == self.secret_hits == 0)
+                == self.secret_hits == self.changed == 0)
 
 
 def expected_cells(items: int, strategies: Sequence[str] = STRATEGIES,
@@ -157,14 +162,19 @@ def run_dir_of(out: Path) -> Path:
 
 
 def tally(scenario: str, faults_injected: int, run_dir: Path | None, expected: set[str],
-          exit_code: int, wall_s: float, *, secrets_in: Path | None = None) -> FaultTally:
+          exit_code: int, wall_s: float, *, secrets_in: Path | None = None,
+          graded: bool = True) -> FaultTally:
+    """The scenario's counts from its run directory. ``graded``: check each ok row's
+    prediction against what the reading fake answers (single-call cells of the memory
+    task; an agent episode's answer is its last reply, checked by the episode's own
+    tests)."""
     rows = _rows(run_dir / "cells.jsonl") if run_dir else []
     prompts = _prompts(run_dir / "prompts.jsonl") if run_dir else {}
     final = Counter(r["cell_id"] for r in rows if r["status"] in FINAL)
     recorded = {r["cell_id"] for r in rows}
     last_status = {r["cell_id"]: r["status"] for r in rows}
     graded_wrongly = [
-        r for r in rows if r["status"] == "ok"
+        r for r in rows if graded and r["status"] == "ok"
         and r["prediction"] != reading_responder(prompts.get(r["cell_id"], []))
     ]
     return FaultTally(
@@ -661,6 +671,146 @@ def dripping_reply(workdir: Path, items: int = 1) -> tuple[FaultTally, list[dict
         fake.stop()
 
 
+def agent_command(fake_url: str, out: Path, items: int, *extra: str) -> list[str]:
+    """An ``agent_lookup`` sweep: episodes of tool calls against the scripted fake agent."""
+    return [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+        "--budgets=8192", "--budgetbench-tasks=agent_lookup", f"--budgetbench-items={items}",
+        "--budgetbench-task-options=lookups=3", f"--budgetbench-endpoint={fake_url}",
+        "--budgetbench-tokenizer=approx", f"--budgetbench-out={out}",
+        "--budgetbench-report=off", *extra,
+    ]
+
+
+def _digests(paths: Iterable[Path]) -> dict[str, str]:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in paths if path.is_file()}
+
+
+EPISODE_CAPS = (("--budgetbench-max-calls", "2"), ("--budgetbench-agent-max-tokens", "16"))
+
+
+def changed_episode_caps(workdir: Path, items: int = 2) -> list[tuple[FaultTally, str]]:
+    """An agent sweep with full_context, then a resume that adds observation_masking and
+    changes an episode cap: refused in one line naming the setting and both values, the
+    run's rows and run.json untouched (it used to run the new cells under the new cap).
+    Returns each tally with the resume's output."""
+    fake = FakeOpenAI(responder=agent_responder).start()
+    results = []
+    try:
+        for flag, value in EPISODE_CAPS:
+            run_root = prepare(workdir / flag.removeprefix("--budgetbench-"))
+            out = run_root / "out"
+            run_sweep(run_root, agent_command(fake.base_url, out, items,
+                                              "--budgetbench-strategies=full_context"))
+            run_dir = run_dir_of(out)
+            before = _digests([run_dir / "cells.jsonl", run_dir / "run.json"])
+            started = time.monotonic()
+            code = run_sweep(run_root, agent_command(
+                fake.base_url, out, items, "--budgetbench-resume=latest",
+                "--budgetbench-strategies=full_context,observation_masking",
+                f"{flag}={value}"))
+            result = tally(f"resume, {flag.removeprefix('--budgetbench-')} changed", 1,
+                           run_dir, {f"agent_lookup-{i:04d}-full_context-8192"
+                                     for i in range(items)},
+                           code, time.monotonic() - started, secrets_in=run_root,
+                           graded=False)
+            after = _digests(Path(path) for path in before)
+            result.changed = sum(after.get(path) != digest for path, digest in before.items())
+            results.append((result, _output(run_root)))
+        return results
+    finally:
+        fake.stop()
+
+
+def read_only_merge(workdir: Path, items: int = 3) -> tuple[FaultTally, str]:
+    """``budgetbench cache merge`` from a cache made read-only as ``chmod -R a-w`` does
+    (as root, without the capabilities that override permission bits): every entry
+    merges and the source's bytes stay as they were. None where no file can be made
+    unwritable here."""
+    fake = FakeOpenAI().start()
+    try:
+        prepare(workdir)
+        source, into = workdir / "source", workdir / "into"
+        source.mkdir()
+        run_sweep(workdir, [*sweep_command(fake.base_url, workdir / "out", items),
+                            f"--budgetbench-cache-path={source / 'responses.sqlite'}"])
+    finally:
+        fake.stop()
+    with sqlite3.connect(source / "responses.sqlite") as db:
+        entries = db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    for path in (*source.iterdir(), source):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+              if os.geteuid() == 0 else [])
+    before = _digests(source.iterdir())
+    started = time.monotonic()
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-m", "pytest_budgetbench.cli",
+                               "cache", "merge", str(source), "--into", str(into)],
+                              cwd=workdir, env=_env(workdir), capture_output=True, text=True,
+                              timeout=120)
+        changed = _digests(source.iterdir()) != before
+    finally:
+        source.chmod(0o755)
+    with sqlite3.connect(into / "responses.sqlite") as db:
+        merged = db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+    result = FaultTally("merge from a read-only cache", 1, entries, merged, 0,
+                        entries - merged, 0, 0, done.returncode,
+                        round(time.monotonic() - started, 2), changed=int(changed))
+    return result, done.stdout + done.stderr
+
+
+def agent_cells(items: int, strategies: Sequence[str] = ("full_context",)) -> set[str]:
+    return {f"agent_lookup-{i:04d}-{s}-8192" for i in range(items) for s in strategies}
+
+
+def duplicate_call_ids(workdir: Path, items: int = 4) -> tuple[FaultTally, list[str]]:
+    """Replies whose two tool calls share one id, in 30% of an agent sweep's calls: each
+    such episode errors as the model's malformed reply (never "strategy ... broke a
+    tool-call pair"), no episode is graded on it, and a resume completes them. Returns
+    the tally (after the resume) and the first run's error messages."""
+    fake = FakeOpenAI(responder=agent_responder).start()
+    try:
+        fake.inject(0.3, ("duplicate_ids",), seed=13)
+        out = prepare(workdir) / "out"
+        command = agent_command(fake.base_url, out, items,
+                                "--budgetbench-strategies=full_context")
+        started = time.monotonic()
+        run_sweep(workdir, command)
+        errors = [r["error"] for r in _rows(run_dir_of(out) / "cells.jsonl")
+                  if r["status"] == "error"]
+        injected = len(fake.injected)
+        fake.inject(0.0, ())
+        code = run_sweep(workdir, [*command, "--budgetbench-resume=latest"])
+        return tally("tool calls sharing an id", injected, run_dir_of(out),
+                     agent_cells(items), code, time.monotonic() - started,
+                     secrets_in=workdir, graded=False), errors
+    finally:
+        fake.stop()
+
+
+def malformed_replica(workdir: Path, items: int = 6) -> tuple[FaultTally, list[dict]]:
+    """Two replicas, one of which answers every request with HTTP 200 and a body that is
+    not JSON: its requests are retried at the other, which answers, so it is taken out
+    as for a 5xx and no cell errors on its account. Returns the tally and the replica
+    events (replicas.jsonl)."""
+    good, bad = FakeOpenAI().start(), FakeOpenAI().start()
+    try:
+        bad.inject(1.0, ("malformed",))
+        out = prepare(workdir) / "out"
+        started = time.monotonic()
+        code = run_sweep(workdir, sweep_command(f"{good.base_url},{bad.base_url}", out,
+                                                items))
+        run_dir = run_dir_of(out)
+        return (tally("replica answering 200 malformed", len(bad.injected), run_dir,
+                      expected_cells(items), code, time.monotonic() - started,
+                      secrets_in=workdir), _rows(run_dir / "replicas.jsonl"))
+    finally:
+        good.stop()
+        bad.stop()
+
+
 def all_scenarios(root: Path) -> list[FaultTally]:
     full = disk_full(root / "disk")
     return [
@@ -676,5 +826,9 @@ def all_scenarios(root: Path) -> list[FaultTally]:
         same_name_strategies(root / "same-name")[0],
         failed_start_then_resume(root / "failed-start"),
         dripping_reply(root / "drip")[0],
+        *(result for result, _output in changed_episode_caps(root / "caps")),
+        read_only_merge(root / "read-only-merge")[0],
+        duplicate_call_ids(root / "duplicate-ids")[0],
+        malformed_replica(root / "malformed-replica")[0],
         *([full[0]] if full else []),
     ]

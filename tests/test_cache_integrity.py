@@ -224,6 +224,37 @@ def test_an_unusable_file_is_one_cache_error_naming_it_and_how_to_reset_it(
     assert issubclass(CacheError, BudgetBenchError)  # the runner records it in the row
 
 
+def test_the_start_up_check_reads_a_few_pages_not_the_whole_file(tmp_path: Path) -> None:
+    """A multi-GB response cache is checked at once at every start: the check reads the
+    header, the schema and each table's first and last entry. A damaged page inside the
+    file is found by the read that reaches it, not by reading every page up front."""
+    path = tmp_path / CACHE_FILE
+    store = _responses(path)
+    for index in range(300):  # a reply of 1000 characters: about three to a page
+        store.store(f"key-{index:04d}", replace(REPLY, text=f"{index:04d}" * 250))
+    store.close()
+    settle(path)
+    with sqlite3.connect(path) as db:
+        try:
+            leaves = [page for (page,) in db.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'responses' AND pagetype = 'leaf' "
+                "ORDER BY path")]
+        except sqlite3.OperationalError as exc:
+            pytest.skip(f"this SQLite cannot list a table's pages ({exc})")
+        (page_size,) = db.execute("PRAGMA page_size").fetchone()
+    db.close()
+    assert len(leaves) > 50
+    with path.open("r+b") as file:  # zeroes: no longer a page of the table
+        file.seek((leaves[len(leaves) // 2] - 1) * page_size)
+        file.write(bytes(page_size))
+
+    store = _responses(path)
+    store.check()  # never reads the middle of the file
+    with pytest.raises(CacheError, match="delete it"):
+        for index in range(300):
+            store.lookup(f"key-{index:04d}")
+
+
 # -- whole sweeps ----------------------------------------------------------------------
 def sweep_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
     return ["--budgets=4096", "--budgetbench-items=2",

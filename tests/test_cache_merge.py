@@ -8,10 +8,14 @@ by the model files' content, so a merged cache answers in another directory too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -319,8 +323,100 @@ def test_bad_locations_are_one_line_and_nothing_is_written(
     expected = {"missing": f"{source} holds no cache (responses.sqlite, counts.sqlite",
                 "garbage": "file is not a database",
                 "itself": "is both a source and the destination"}[problem]
-    assert expected in err
+    assert expected in err and "delete it" not in err  # a source is only read: never deleted
     assert problem == "itself" or not into.exists()
+
+
+# -- a source is only read -------------------------------------------------------------------
+def three_caches(location: Path) -> None:
+    stores = (responses(location), CountDatabase(location / COUNTS_FILE),
+              VectorStore(location / STORE_FILE))
+    stores[0].store("key", reply("Nugget"))
+    stores[1].save(SPACE, {"key": 3})
+    stores[2].save(SPACE, {"key": b"vector" * 4})
+    closed(*stores)
+
+
+def digests_of(location: Path) -> dict[str, str]:
+    """Every file of ``location`` by name, as its sha256: a file made beside the caches
+    (a -wal, a -shm) shows too."""
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(location.iterdir())}
+
+
+UNWRITABLE = "import sys\ntry:\n    open(sys.argv[1], 'r+b')\nexcept PermissionError:\n" \
+    "    sys.exit(0)\nsys.exit(1)"
+"""Exits 0 when the file it is given cannot be opened for writing."""
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
+    """A cache location made read-only as `chmod -R a-w` does, and the prefix of a command
+    for which it is: root ignores permission bits, so as root the command runs without the
+    capabilities that override them (util-linux's setpriv drops them)."""
+    location = tmp_path / "read-only"
+    three_caches(location)
+    if not hasattr(os, "geteuid"):
+        pytest.skip("permission bits make no file read-only on this platform")
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: no file can be made unwritable")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    for path in (*location.iterdir(), location):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c", UNWRITABLE,
+                                str(location / CACHE_FILE)], capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot make a file unwritable here ({' '.join(prefix) or 'chmod'}: "
+                        f"{probe.stderr.strip() or 'still writable'})")
+        yield location, prefix
+    finally:
+        location.chmod(0o755)  # so that pytest can remove tmp_path
+
+
+def test_a_read_only_source_is_merged_and_left_byte_for_byte_as_it_was(
+    tmp_path: Path, read_only: tuple[Path, list[str]]
+) -> None:
+    """A cache on a read-only volume or owned by another user (`chmod -R a-w`) is merged."""
+    source, prefix = read_only
+    into = tmp_path / "into"
+    before = digests_of(source)
+    merged = subprocess.run(
+        [*prefix, sys.executable, "-m", "pytest_budgetbench.cli", "cache", "merge",
+         str(source), "--into", str(into)], capture_output=True, text=True)
+    assert (merged.returncode, merged.stderr) == (EXIT_OK, "")
+    assert merged.stdout.count("1 added, 0 already there") == 3
+    assert digests_of(source) == before
+    assert responses(into).lookup("key").text == "Nugget"  # type: ignore[union-attr]
+    assert CountDatabase(into / COUNTS_FILE).lookup(SPACE, "key") == 3
+    assert VectorStore(into / STORE_FILE).load(SPACE, ["key"]) == {"key": b"vector" * 4}
+
+
+def test_a_writable_source_is_only_read_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing is made beside it (SQLite's mode=ro leaves a -wal and a -shm behind)."""
+    source = tmp_path / "a"
+    three_caches(source)
+    before = digests_of(source)
+    assert merge(capsys, source, "--into", tmp_path / "into")[0] == EXIT_OK
+    assert digests_of(source) == before
+
+
+def test_a_source_still_being_written_is_read_with_its_wal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run still holding the file keeps its newest entries in the -wal beside it."""
+    source = tmp_path / "a"
+    live = responses(source)
+    live.store("key", reply("Nugget"))
+    assert (source / f"{CACHE_FILE}-wal").stat().st_size > 0
+    code, out, _ = merge(capsys, source, "--into", tmp_path / "into")
+    assert code == EXIT_OK and "1 added" in out
+    assert responses(tmp_path / "into").lookup("key").text == "Nugget"  # type: ignore[union-attr]
+    closed(live)
 
 
 # -- keys that travel ------------------------------------------------------------------------

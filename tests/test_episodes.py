@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -304,6 +305,53 @@ def test_a_strategy_that_orphans_a_tool_result_is_one_clear_error_naming_the_pai
     # The first call had nothing to orphan; the second prompt was refused before sending.
     assert len(agent.requests) == 1
     result.assert_outcomes(errors=1)
+
+
+def test_a_reply_whose_calls_share_an_id_is_the_models_error_not_the_strategys(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    agent.faults = ["", "duplicate_ids"]  # the reply to the episode's second call
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192", "--budgetbench-strategies=full_context",
+        "--budgetbench-items=1"))
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "error" and row["quality"] is None
+    assert row["error"].startswith(f"malformed reply from {agent.base_url}: tool calls 1 and "
+                                   "2 of the reply share id 'call_1_")
+    assert row["error"].endswith("; it answered call 2 of the episode")
+    assert "strategy" not in row["error"] and "\n" not in row["error"]
+    assert len(agent.requests) == 2  # the malformed reply never made a third prompt
+    result.assert_outcomes(errors=1)
+
+
+def hermes_agent(messages: list[dict[str, Any]]) -> str:
+    """The scripted agent, its calls written as text in <tool_call> blocks, as a server
+    that does not parse them (llama-cpp-python's) returns them."""
+    reply = agent_responder(messages)
+    if isinstance(reply, str):
+        return reply
+    return "".join(
+        "<tool_call>" + json.dumps({"name": call["function"]["name"],
+                                    "arguments": json.loads(call["function"]["arguments"])})
+        + "</tool_call>" for call in reply["tool_calls"])
+
+
+@pytest.mark.parametrize(("parser", "notes", "quality"), [("auto", 1, 0.0), ("hermes", 0, 1.0)])
+def test_calls_written_as_text_that_no_parser_reads_are_named_once_a_run(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path, parser: str, notes: int,
+    quality: float
+) -> None:
+    agent.responder = hermes_agent
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192", "--budgetbench-strategies=full_context",
+        f"--budgetbench-tool-parser={parser}"))
+    result.assert_outcomes(passed=2)
+    assert [row["quality"] for row in rows_of(tmp_path)] == [quality, quality]
+    output = result.stdout.str()
+    assert output.count("--budgetbench-tool-parser") == notes, output[-3000:]
+    if notes:
+        result.stdout.fnmatch_lines(["*hold tool calls as text*pass "
+                                     "--budgetbench-tool-parser=hermes*"])
 
 
 def test_diff_pairs_two_runs_of_episodes_item_by_item(

@@ -162,3 +162,42 @@ def test_a_full_disk_errors_the_cell_keeps_records_aligned_and_reports_one_line(
     assert "Traceback" not in output and "INTERNALERROR" not in output
     (line,) = [line for line in output.splitlines() if "the report could not be written" in line]
     assert line.startswith("budgetbench: ")
+
+
+def test_a_resume_that_changes_an_episode_cap_is_refused_and_leaves_the_run_alone(
+    tmp_path: Path,
+) -> None:
+    for (result, output), (flag, value) in zip(faults.changed_episode_caps(tmp_path),
+                                               faults.EPISODE_CAPS, strict=True):
+        assert result.exit_code == pytest.ExitCode.USAGE_ERROR and result.clean, result
+        assert result.completed == result.cells and result.errored == 0
+        assert f"was made with {flag} " in output and f"this session asks {value}" in output
+
+
+def test_a_read_only_cache_merges_and_its_bytes_stay_as_they_were(tmp_path: Path) -> None:
+    result, output = faults.read_only_merge(tmp_path)
+    assert result.exit_code == 0 and result.clean, (result, output)
+    assert result.cells > 0 and result.completed == result.cells
+
+
+def test_tool_calls_sharing_an_id_are_the_models_malformed_reply_and_a_resume_completes(
+    tmp_path: Path,
+) -> None:
+    result, errors = faults.duplicate_call_ids(tmp_path)
+    assert result.faults_injected > 0 and errors, result
+    assert all(e.startswith("malformed reply from") and "of the episode" in e
+               for e in errors), errors
+    assert not any("broke a tool-call pair" in e for e in errors)
+    assert result.clean and result.exit_code == 0, result
+    assert result.completed == result.cells and result.errored == 0
+
+
+def test_a_replica_answering_200_with_a_malformed_body_is_taken_out_and_no_cell_errors_for_it(
+    tmp_path: Path,
+) -> None:
+    result, events = faults.malformed_replica(tmp_path)
+    assert result.clean, result
+    crashy_cells = 2 * len(faults.BUDGETS)  # crashy raises on items 0002 and 0005, by design
+    assert result.errored == crashy_cells and result.completed == result.cells - crashy_cells
+    outs = [e for e in events if e.get("event") == "out"]
+    assert outs and all(e["replica"] == outs[0]["replica"] for e in outs), events

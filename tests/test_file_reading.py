@@ -1,7 +1,7 @@
 """Files are read as files: JSON lines end at ``\\n`` only, CSV records at CSV line ends
 outside quotes, a cell may be as long as a chat, errors name the line a record starts on,
-and a command over unreadable or empty records says so in one line; a gate over nothing
-fails."""
+a byte that is not UTF-8 is named by line, column and value, and a command over
+unreadable or empty records says so in one line; a gate over nothing fails."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.tasks import TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx
-from pytest_budgetbench.tasks._data import json_lines
+from pytest_budgetbench.tasks._data import json_lines, read_json
 from pytest_budgetbench.tasks.import_chats import write_example
 from pytest_budgetbench.tasks.jsonl import CsvTask, JsonlTask
 
@@ -156,6 +156,62 @@ def test_import_chats_out_a_directory_is_one_line(
                  str(tmp_path)]) == EXIT_USAGE
     assert f"cannot write {tmp_path} (Is a directory): pass --out a file" in \
         _one_error_line(capsys)
+
+
+# -- not UTF-8: the line, the column and the byte, never a byte offset ----------------------
+GOOD_LINE = json.dumps({"history": CHAT, "question": QUESTION, "answer": "Rex"}) + "\n"
+BAD_PREFIX = '{"question": "Où est le café'
+"""Before the bad byte on its line: two characters of two bytes each, so a column that
+counts bytes (or the decoder's offset) would differ from one that counts characters."""
+BAD_COLUMN = len(BAD_PREFIX) + 1
+
+
+def _with_a_latin1_byte(path: Path, lines_before: str, bom: bool = False) -> Path:
+    """``lines_before`` then a line whose ``é`` after BAD_PREFIX is Latin-1 (0xe9)."""
+    bad = BAD_PREFIX.encode() + b'\xe9?", "answer": "x"}\n'
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + lines_before.encode() + bad)
+    return path
+
+
+def _not_utf8(line: int) -> str:
+    return (f"line {line}: byte 0xe9 at column {BAD_COLUMN} (counting characters) is not "
+            "UTF-8: save the file as UTF-8")
+
+
+@pytest.mark.parametrize(("name", "before", "bom", "line"), [
+    ("chats.jsonl", GOOD_LINE * 2, False, 3),
+    ("chats.jsonl", "", True, 1),  # the byte-order mark is no column
+    ("chats.csv", "id,question,answer\nt1,Q?,Rex\n", False, 3),
+], ids=["jsonl", "jsonl-bom", "csv"])
+def test_a_byte_that_is_not_utf8_names_line_column_and_byte(
+    tmp_path: Path, name: str, before: str, bom: bool, line: int
+) -> None:
+    path = _with_a_latin1_byte(tmp_path / name, before, bom)
+    with pytest.raises(DataError) as info:
+        _load(path)
+    task = path.suffix.lstrip(".")
+    assert str(info.value) == f"task '{task}': {path} {_not_utf8(line)}"
+
+
+def test_import_chats_over_a_file_that_is_not_utf8_is_one_line_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    export, _questions = write_example(tmp_path)
+    questions = _with_a_latin1_byte(tmp_path / "q.jsonl", GOOD_LINE)
+    assert main(["import-chats", str(export), str(questions), "--out",
+                 str(tmp_path / "o.jsonl")]) == EXIT_USAGE
+    assert _one_error_line(capsys) == (
+        f"budgetbench: error: import-chats: {questions} {_not_utf8(2)}")
+
+
+def test_an_official_file_that_is_not_utf8_names_line_column_and_byte(tmp_path: Path) -> None:
+    path = _with_a_latin1_byte(tmp_path / "data.json", "[\n")
+    with pytest.raises(DataError) as info:
+        read_json("longbench_v2", path, "data.json")
+    assert str(info.value) == (
+        f"task 'longbench_v2' cannot read {path}: {_not_utf8(2)}; point "
+        "--budgetbench-data-longbench_v2=PATH (or BUDGETBENCH_DATA_LONGBENCH_V2) at the "
+        "official data.json")
 
 
 # -- report and diff: no rows is not a report -----------------------------------------------

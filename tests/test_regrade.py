@@ -127,3 +127,23 @@ def test_regrade_of_rows_whose_gold_the_data_still_gives_goes_on(
 ) -> None:
     _with_golds(run_dir, tmp_path / "hotpot_dev_distractor_v1.json", "Chief of Protocol")
     assert main(["regrade", str(run_dir)]) == 0
+
+
+def test_a_row_whose_old_quality_is_not_a_number_is_regraded_and_counted(
+    run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Damaged or hand-edited rows: the old quality is "n/a", a list; one row is intact.
+    rows = [{**_row("c1", YES_ID, "Yes\nNo", 1.0), "quality": "n/a"},
+            _row("c2", CHIEF_ID, "Chief of Protocol", 1.0),
+            {**_row("c5", CHIEF_ID, "Chief of Protocol", 1.0), "quality": [1.0]}]
+    (run_dir / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["regrade", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert ("2 re-graded rows had no numeric old quality (e.g. row 'c1': \"n/a\"); the old "
+            "means leave them out") in out
+    # n counts every re-graded row; the old mean is c2's alone, the new mean all three's.
+    line = next(x for x in out.splitlines() if "truncation@2048" in x)
+    assert line.split()[2:7] == ["3", "1.0000", "0.6667", "-0.3333", "2"]
+    regraded = {r["cell_id"]: r["quality"]
+                for r in read_jsonl(run_dir / "regraded" / "cells.jsonl")}
+    assert regraded == {"c1": 0.0, "c2": 1.0, "c5": 1.0}

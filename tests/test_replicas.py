@@ -17,10 +17,12 @@ from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import ConfigError, EndpointError, EndpointUnavailable
 from pytest_budgetbench.model import ChatModel, Completion
 from pytest_budgetbench.replicas import ReplicaPool
+from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL
 from pytest_budgetbench.wiring import credential_line
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_config import load
-from tests.test_plugin import sweep_args
+from tests.test_episodes import lookup_args
+from tests.test_plugin import rows_of, sweep_args
 from tests.test_sweep_resilience import rows_in, runs_in
 
 QUESTION = [{"role": "user", "content": "my dog is called Rex. What is my dog called?"}]
@@ -204,6 +206,23 @@ def test_a_failure_of_the_request_itself_is_raised_and_takes_no_replica_out() ->
     assert b.calls == 0 and pool.out == []
 
 
+def test_a_reply_malformed_at_every_replica_is_the_models_and_takes_no_replica_out(
+        replicas: list[FakeOpenAI]) -> None:
+    """Two calls sharing one id, from every replica: the model's reply, not a replica's
+    fault, so the request errors as with one endpoint and the pool stays whole."""
+    events: list[dict[str, Any]] = []
+    pool = ReplicaPool([ChatModel(server.base_url, server.model, attempts=1)
+                        for server in replicas], on_event=events.append)
+    for server in replicas:
+        server.inject(1.0, ("duplicate_ids",))
+    with pytest.raises(EndpointError, match=r"no replica of model 'fake-model' gave a usable "
+                       r"reply to this request \(2 tried; every one replied malformed.*the "
+                       r"last: malformed reply from .*share id 'call_dup'"):
+        pool.complete(QUESTION, max_tokens=4, tools=[LOOKUP_TOOL])
+    assert [len(server.requests) for server in replicas] == [1, 1]
+    assert events == [] and pool.out == []
+
+
 def test_when_every_replica_fails_the_request_is_an_error_never_an_answer() -> None:
     a, b = Replica("a"), Replica("b")
     a.failure, b.failure = unavailable("a"), unavailable("b")
@@ -325,6 +344,49 @@ def test_a_replica_that_fails_is_taken_out_and_every_cell_is_answered_by_the_oth
     result.stdout.fnmatch_lines([f"budgetbench: replica {down.base_url} was taken out 1 "
                                  "time(s) and its requests sent to the others; the last "
                                  "failure: *InternalServerError*"])
+
+
+def test_a_replica_that_answers_200_with_a_malformed_body_is_taken_out_for_the_other(
+    pytester: pytest.Pytester, replicas: list[FakeOpenAI], tmp_path: Path
+) -> None:
+    """Its reply cannot be parsed where the other replica's can: that replica's fault, as
+    a 5xx is. With one endpoint the same reply errors its cell (test_model)."""
+    bad = replicas[1]
+    bad.inject(1.0, ("malformed",))
+    result = pool_sweep(pytester, replicas, tmp_path, "--budgetbench-items=6")
+    result.assert_outcomes(passed=6)
+    # Out once the other's reply is usable: until then each cell in flight (two, one a
+    # replica) may meet it once.
+    assert 1 <= len(bad.requests) <= 2
+    (run,) = runs_in(tmp_path)
+    assert {row["status"] for row in rows_in(run)} == {"ok"}
+    (event,) = [json.loads(line) for line in (run / "replicas.jsonl").read_text().splitlines()]
+    assert event["event"] == "out" and event["replica"] == bad.base_url
+    assert event["error"].startswith(f"malformed reply from {bad.base_url}: ")
+    result.stdout.fnmatch_lines([f"budgetbench: replica {bad.base_url} was taken out 1 "
+                                 "time(s) and its requests sent to the others; the last "
+                                 "failure: malformed reply from *"])
+
+
+def test_agent_episodes_go_on_at_the_other_replica_when_one_answers_malformed(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    servers = [FakeOpenAI(responder=agent_responder).start() for _ in range(2)]
+    try:
+        servers[0].inject(1.0, ("malformed",))
+        urls = ",".join(server.base_url for server in servers)
+        result = pytester.runpytest(*lookup_args(
+            servers[0], tmp_path, "--budgets=8192", "--budgetbench-strategies=full_context",
+            f"--budgetbench-endpoint={urls}"))
+    finally:
+        for server in servers:
+            server.stop()
+    result.assert_outcomes(passed=2)
+    assert [(row["status"], row["calls"], row["quality"]) for row in rows_of(tmp_path)] == [
+        ("ok", 5, 1.0)] * 2
+    assert 1 <= len(servers[0].requests) <= 2  # two episodes in flight, as above
+    events = (runs_in(tmp_path)[0] / "replicas.jsonl").read_text().splitlines()
+    assert [json.loads(line)["replica"] for line in events] == [servers[0].base_url]
 
 
 def test_when_every_replica_fails_the_cells_are_errors_not_graded_answers(

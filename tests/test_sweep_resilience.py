@@ -6,14 +6,22 @@ from __future__ import annotations
 import csv
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_budgetbench import definition
 from pytest_budgetbench.cli import main
-from pytest_budgetbench.session import started_at
-from tests.fake_openai import FakeOpenAI
+from pytest_budgetbench.config import Settings
+from pytest_budgetbench.session import run_definition, started_at
+from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_plugin import sweep_args
 
 
@@ -216,6 +224,76 @@ def test_resume_with_a_setting_that_defines_cells_changed_is_refused_in_one_line
     assert rows_in(run) == rows and (run / "run.json").read_text() == info
 
 
+def _other_value(value: object) -> object:
+    """A value of the same kind as ``value`` that is not equal to it."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, dict):
+        return {**value, "other": "other"}
+    return f"{value}-other" if value is not None else "other"
+
+
+@pytest.mark.parametrize("setting", definition.CELL_SETTINGS)
+def test_every_setting_the_definition_declares_is_recorded_and_a_change_is_named(
+    setting: str,
+) -> None:
+    """By construction, not by list: whatever run_definition records, it records every
+    declared setting, and a change of any one is the one difference, named with both
+    values. (The end-to-end test below runs a resume for the ones a flag sets.)"""
+    settings = Settings(tasks=("memory",), strategies=("full_context",))
+    arguments: dict[str, Any] = {"model": "m", "tokenizer": "approx-chars/4",
+                                 "aux_models": {"summary": "s"}}
+    recorded = run_definition(settings, **arguments)
+    assert set(definition.CELL_SETTINGS) <= set(recorded["settings"])
+    if setting in arguments:
+        changed = run_definition(settings, **{**arguments, setting: _other_value(
+            arguments[setting])})
+    else:
+        value = recorded["settings"][setting]
+        other = _other_value({} if value is None and setting == "grader" else value)
+        changed = run_definition(replace(settings, **{setting: other}), **arguments)
+    (difference,) = definition.differences(recorded, changed)
+    line = definition.describe([difference], "{what} {old}, this session asks {new}")
+    assert setting.replace("_", "-") in line or setting in line or "counter" in line
+    assert definition.show(recorded["settings"][setting]) in line
+    assert definition.show(changed["settings"][setting]) in line
+
+
+@pytest.mark.parametrize(("flag", "first", "then"), [
+    ("--budgetbench-max-calls", "100", "2"),
+    ("--budgetbench-agent-max-tokens", "256", "16"),
+    ("--budgetbench-max-tokens", "32", "16"),
+    ("--budgetbench-temperature", "0", "0.5"),
+    ("--budgetbench-seed", "0", "3"),
+])
+def test_an_agent_sweep_resumed_with_a_changed_episode_setting_is_refused(
+    pytester: pytest.Pytester, tmp_path: Path, flag: str, first: str, then: str
+) -> None:
+    agent = FakeOpenAI(responder=agent_responder).start()
+    try:
+        def lookup(*extra: str) -> pytest.RunResult:
+            return pytester.runpytest(*sweep_args(
+                agent, tmp_path, "--budgets=8192", "--budgetbench-tasks=agent_lookup",
+                "--budgetbench-items=1", "--budgetbench-task-options=lookups=3", *extra))
+
+        lookup("--budgetbench-strategies=full_context", f"{flag}={first}").assert_outcomes(
+            passed=1)
+        (run,) = runs_in(tmp_path)
+        rows, info = rows_in(run), (run / "run.json").read_text()
+        line = _refused(lookup("--budgetbench-resume=latest",
+                               "--budgetbench-strategies=full_context,observation_masking",
+                               f"{flag}={then}"))
+    finally:
+        agent.stop()
+    recorded = json.loads(info)["definition"]["settings"]
+    name = flag.removeprefix("--budgetbench-").replace("-", "_")
+    assert f"run {run.name} was made with {flag} {definition.show(recorded[name])}, " \
+           f"this session asks " in line
+    assert rows_in(run) == rows and (run / "run.json").read_text() == info
+
+
 def test_resume_may_change_settings_that_leave_cells_as_they_are(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -323,3 +401,42 @@ def test_a_run_in_use_by_another_session_is_refused(
     result = sweep(pytester, fake_endpoint, tmp_path, "--budgetbench-resume=latest")
     result.assert_outcomes(passed=9, xfailed=3)
 
+
+
+# -- Ctrl-C: stop within seconds, the cells in flight left for the resume ---------------------
+def test_ctrl_c_starts_no_model_call_and_leaves_the_episodes_in_flight_for_the_resume(
+    tmp_path: Path,
+) -> None:
+    """Two episodes in flight in threads (--budgetbench-concurrency=2), each call slow:
+    after SIGINT no call is sent (the threads used to play their episodes to the end,
+    30-40 s on the embedded model, before the process could exit), no row is written for
+    them, and the resume completes both."""
+    agent = FakeOpenAI(responder=agent_responder).start()
+    agent.latency_s = 1.5
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+               *sweep_args(agent, tmp_path, "--budgets=8192", "--budgetbench-tasks=agent_lookup",
+                           "--budgetbench-items=2", "--budgetbench-task-options=lookups=4",
+                           "--budgetbench-strategies=full_context",
+                           "--budgetbench-concurrency=2")]
+    try:
+        process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and len(agent.requests) < 2:
+                time.sleep(0.01)
+            assert len(agent.requests) == 2, "both episodes should be in their first call"
+            process.send_signal(signal.SIGINT)
+            output, _ = process.communicate(timeout=120)  # a guard, not a measure
+        finally:
+            process.kill()
+        assert len(agent.requests) == 2, output[-3000:]
+        run = runs_in(tmp_path)[0]
+        assert not (run / "cells.jsonl").exists() or rows_in(run) == []
+        resumed = subprocess.run([*command, "--budgetbench-resume=latest"], cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=300)
+    finally:
+        agent.stop()
+    assert resumed.returncode == 0, resumed.stdout[-2000:]
+    rows = rows_in(run)
+    assert len(rows) == 2 and all(r["ended"] == "done" and r["calls"] == 5 for r in rows)

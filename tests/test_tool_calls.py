@@ -21,7 +21,7 @@ from pytest_budgetbench.budget import (
     tools_text,
 )
 from pytest_budgetbench.cache import CachingChatModel, ResponseStore, entry_checksum
-from pytest_budgetbench.errors import TokenizerError
+from pytest_budgetbench.errors import EndpointError, TokenizerError
 from pytest_budgetbench.framing import verify_additivity
 from pytest_budgetbench.messages import Message, Tool, as_sent
 from pytest_budgetbench.model import ChatModel
@@ -215,6 +215,20 @@ def test_tools_are_sent_and_a_calls_only_reply_is_read_back(fake: FakeOpenAI) ->
     assert reply.message == {"role": "assistant", "content": None, "tool_calls": [CALL]}
     ChatModel(fake.base_url, fake.model).complete([ASK], max_tokens=8)
     assert "tools" not in fake.requests[1]
+
+
+def test_a_reply_whose_calls_share_an_id_is_malformed_as_received(fake: FakeOpenAI) -> None:
+    """Two calls with one id cannot be answered pair by pair: the reply is the model's
+    error where it is received, never a trajectory that a strategy is blamed for."""
+    fake.responder = calling
+    fake.faults = ["duplicate_ids"]
+    with pytest.raises(EndpointError) as info:
+        ChatModel(fake.base_url, fake.model, attempts=3).complete(
+            EPISODE, max_tokens=8, tools=TOOLS)
+    assert str(info.value) == (
+        f"malformed reply from {fake.base_url}: tool calls 1 and 2 of the reply share id "
+        "'c1' (each call needs an id of its own, for its tool result)")
+    assert len(fake.requests) == 1  # the same server would make the same reply: no retry
 
 
 HERMES_REPLY = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -111,21 +111,24 @@ def test_an_empty_shard_exits_0_with_one_line_and_writes_nothing(
     assert _files_under(out) == []
 
 
-def test_resume_latest_skips_a_run_that_never_ran_a_cell(
+def test_resume_latest_finds_a_run_killed_in_its_first_cell_and_skips_a_failed_start(
     pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     first = pytester.runpytest(*_args(fake_endpoint, out))
     first.assert_outcomes(passed=2)
-    (real,) = [d for d in out.iterdir() if d.is_dir()]
-    # A later start that died before its first cell leaves only run.json behind.
-    empty = out / "29990101-000000-dead"
-    empty.mkdir()
-    (empty / "run.json").write_text(json.dumps({"run_id": empty.name, "started": 4.0e9}))
+    (run,) = [d for d in out.iterdir() if d.is_dir()]
+    (run / "cells.jsonl").unlink()  # killed in its first cell: run.json and no row
+    # A later start that failed before run.json (the embedded server did not start) is
+    # not a run: it holds only the server's log.
+    failed = out / "29990101-000000-dead"
+    failed.mkdir()
+    (failed / "server.log").write_text("error: could not load the model\n")
     resumed = pytester.runpytest(*_args(fake_endpoint, out, "--budgetbench-resume=latest"))
     resumed.assert_outcomes(passed=2)
-    assert not (empty / "cells.jsonl").exists()
-    assert json.loads((real / "run.json").read_text()).get("resumed")
+    assert len((run / "cells.jsonl").read_text().splitlines()) == 2
+    assert json.loads((run / "run.json").read_text()).get("resumed")
+    assert sorted(p.name for p in failed.iterdir()) == ["server.log"]
 
 
 # -- one row per cell, whatever a strategy does -------------------------------------------

@@ -10,11 +10,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.embedded import models
-from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.errors import EmbeddedServerError, RequestTimeout
 from pytest_budgetbench.model import free_port
+
+if TYPE_CHECKING:
+    import httpx
 
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
@@ -22,6 +26,12 @@ SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette
 """What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
 READY_TIMEOUT_S = 120.0
 """How long one launch of the embedded server may take to answer /models."""
+POLL_TIMEOUT_S = 2.0
+STOP_GRACE_S = 2.0
+"""How long a stopping server may take to exit before it is killed. Uvicorn's graceful
+shutdown finishes the replies in flight first (seconds each on a CPU), and the sweep has
+abandoned those already (Ctrl-C): they are not worth waiting for."""
+"""The longest one readiness poll may take, reply included (less when the wait ends first)."""
 
 
 def _die_with_parent() -> None:
@@ -145,26 +155,46 @@ class EmbeddedServer:
             raise
 
     def _wait_ready(self, timeout: float) -> None:
+        """Poll /models until it answers 200, the process exits, or ``timeout`` passes.
+
+        httpx's timeout bounds each read, not the request: a server that accepts and then
+        drips its reply (or never ends it) would hold one poll past ``timeout``. So each
+        poll runs under a whole-request deadline (:mod:`~pytest_budgetbench.deadline`) that
+        ends with the wait's own."""
         import httpx
 
+        clients: DeadlineClients[httpx.Client] = DeadlineClients(
+            lambda: httpx.Client(timeout=POLL_TIMEOUT_S), close=httpx.Client.close)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise EmbeddedServerError(
-                    f"the embedded llama.cpp server exited with code {self._process.returncode} "
-                    f"before it was ready; its log ({self.log_path}) ends:\n{self._log_tail()}"
-                )
-            try:
-                if httpx.get(self.base_url + "/models", timeout=2.0).status_code == 200:
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                assert self._process is not None
+                if self._process.poll() is not None:
+                    raise EmbeddedServerError(
+                        f"the embedded llama.cpp server exited with code "
+                        f"{self._process.returncode} before it was ready; its log "
+                        f"({self.log_path}) ends:\n{self._log_tail()}"
+                    )
+                if self._answers_models(clients, min(POLL_TIMEOUT_S, left)):
                     return
-            except httpx.TransportError:  # not listening yet: refused, reset or timed out
-                pass
-            time.sleep(0.2)
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        finally:
+            clients.close()
         raise EmbeddedServerError(
-            f"the embedded llama.cpp server was not ready after {timeout:.0f}s; "
-            f"log: {self.log_path}"
+            f"the embedded llama.cpp server was not ready after {timeout:g}s (no complete 200 "
+            f"reply from {self.base_url}/models); see its log: {self.log_path}"
         )
+
+    def _answers_models(self, clients: DeadlineClients[httpx.Client], timeout: float) -> bool:
+        """Whether /models answered 200 within ``timeout``, its whole reply included."""
+        import httpx
+
+        url = self.base_url + "/models"
+        try:
+            response = clients.call(lambda client: client.get(url), timeout)
+        except (httpx.TransportError, RequestTimeout):  # not listening, or not answering yet
+            return False
+        return response.status_code == 200
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -178,7 +208,7 @@ class EmbeddedServer:
             return
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

@@ -51,12 +51,49 @@ def resolve_file(task: str, path: Path | None, official: tuple[str, ...]) -> Pat
     return path
 
 
+def read_text(path: Path) -> str:
+    """A data file's text, read as UTF-8 (a leading byte-order mark dropped).
+
+    An OSError propagates, for the caller to word; a byte that is not UTF-8 raises
+    :class:`~pytest_budgetbench.errors.MalformedLine` naming its line, its column and the
+    byte, because the decoder's byte offset is no help to someone opening the file in an
+    editor.
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        # exc.object is what was decoded (after a BOM): exc.start counts in it.
+        raise not_utf8(exc.object, exc.start) from None
+
+
+def not_utf8(data: bytes, start: int) -> MalformedLine:
+    """The error for the byte at offset ``start`` of ``data``, which is not UTF-8.
+
+    Lines end at LF, as :func:`json_lines` splits them; the column is 1-based and
+    counts characters, as editors show it (the bytes before ``start`` decode, since the
+    decoder stops at the first bad one)."""
+    line_start = data.rfind(b"\n", 0, start) + 1
+    line = data.count(b"\n", 0, start) + 1
+    column = len(data[line_start:start].decode("utf-8", errors="replace")) + 1
+    return MalformedLine(line, f"byte 0x{data[start]:02x} at column {column} (counting "
+                         "characters) is not UTF-8: save the file as UTF-8")
+
+
+def read_data_text(task: str, path: Path, wanted: str | None = None) -> str:
+    """A task's data file as text; one line naming the file when it cannot be read or is
+    not UTF-8."""
+    try:
+        return read_text(path)
+    except OSError as exc:
+        raise malformed(task, path, f"cannot read it ({exc})", wanted) from exc
+    except MalformedLine as exc:
+        raise malformed(task, path, str(exc), wanted) from None
+
+
 def read_json(task: str, path: Path, wanted: str | None = None) -> Any:
     """A JSON file, or a JSON-lines file when it ends in ``.jsonl``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise malformed(task, path, f"cannot read it ({exc})", wanted) from exc
+    text = read_data_text(task, path, wanted)
     if path.suffix == ".jsonl":
         try:
             return [value for _number, value in json_lines(text)]

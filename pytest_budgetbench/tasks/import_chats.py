@@ -39,7 +39,7 @@ from pytest_budgetbench.messages import (
     check_tools,
     text_of,
 )
-from pytest_budgetbench.tasks._data import json_lines, one_line
+from pytest_budgetbench.tasks._data import json_lines, one_line, read_text
 from pytest_budgetbench.tasks.base import TaskOptions
 
 QUESTION_FIELDS = ("chat_id", "question", "answer")
@@ -94,9 +94,11 @@ def _entries(path: Path, key: str = "") -> list[tuple[str, dict[str, Any]]]:
     file, or one that is not one JSON document), each with where it is ("record 3",
     "line 4")."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except OSError as exc:
         raise DataError(f"import-chats: cannot read {path}: {one_line(exc)}") from None
+    except MalformedLine as exc:
+        raise DataError(f"import-chats: {path} line {exc.line}: {exc.problem}") from None
     try:
         data = None if path.suffix == ".jsonl" else json.loads(text)
     except json.JSONDecodeError:

@@ -52,6 +52,7 @@ from pytest_budgetbench.tasks._data import (
     flag,
     json_lines,
     one_line,
+    read_text,
     resolve_file,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
@@ -291,9 +292,8 @@ class CsvTask(JsonlTask):
     file_kind = "CSV"
 
     def _records(self, path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-        text = _read(self.name, path)
         try:
-            rows = _csv_rows(text)
+            rows = _csv_rows(_read(self.name, path))
         except MalformedLine as exc:
             raise self._bad(path, exc.line, exc.problem) from None
         header: list[str] | None = None
@@ -355,9 +355,11 @@ def _csv_rows(text: str) -> list[tuple[int, list[str]]]:
 
 
 def _read(task: str, path: Path) -> str:
+    """The file's text; a byte that is not UTF-8 is a MalformedLine, for the caller to name
+    with the file."""
     try:
-        return path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_text(path)
+    except OSError as exc:
         raise DataError(f"task '{task}' cannot read {path}: {one_line(exc)}; pass "
                         f"{flag(task)}") from None
 

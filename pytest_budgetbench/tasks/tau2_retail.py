@@ -44,9 +44,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pytest_budgetbench.errors import MalformedLine
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile
-from pytest_budgetbench.tasks._data import malformed, missing, read_json, records, require
+from pytest_budgetbench.tasks._data import (
+    malformed,
+    missing,
+    read_data_text,
+    read_json,
+    read_text,
+    records,
+    require,
+)
 from pytest_budgetbench.tasks._text import document_messages
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -127,7 +136,7 @@ class Tau2RetailTask(Task):
         if not isinstance(db, dict) or not {"users", "orders", "products"} <= set(db):
             raise malformed(self.name, folder / "db.json", "expected an object with users, "
                             "orders and products", "db.json")
-        policy = (folder / "policy.md").read_text(encoding="utf-8")
+        policy = read_data_text(self.name, folder / "policy.md", "policy.md")
         splits = self._splits(folder)
         tools = dict(TOOLS)
         for task in tasks:
@@ -148,8 +157,8 @@ class Tau2RetailTask(Task):
         if not path.is_file():
             return {}
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+            data = json.loads(read_text(path))
+        except (json.JSONDecodeError, MalformedLine):
             return {}
         return {str(i): name for name in ("train", "test") for i in data.get(name, [])}
 
