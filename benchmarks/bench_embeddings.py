@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.embeddings import BACKENDS, DEFAULT_MODEL, load_encoder, resolve_model_path
 from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.strategies._chunking import ADAPTIVE_BASE, chunk_history
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
+from pytest_budgetbench.tokens.counters import ApproxCounter
 
 DATA = Path("/work/shared/data")
 LONGBENCH = DATA / "longbench_v2" / "longbench_v2_dev12.json"

@@ -46,7 +46,7 @@ SECTIONS = ("counting", "per-cell", "scaling")
 LAUNCHER = """\
 import functools, resource, sys, time
 import pytest
-from pytest_budgetbench import budget
+from pytest_budgetbench.tokens import counters as budget
 
 spent = [0.0]
 depth = [0]

@@ -44,8 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.budget import GGUFCounter, TokenCounter
-from pytest_budgetbench.cache import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.embedded.models import embedded_gguf_path
 from pytest_budgetbench.embeddings import (
     DEFAULT_BACKEND,
@@ -57,6 +55,7 @@ from pytest_budgetbench.embeddings import (
     resolve_model_path,
 )
 from pytest_budgetbench.messages import Message, split_ends, text_of
+from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._chunking import ADAPTIVE_BASE, chunk_history, piece_text
 from pytest_budgetbench.strategies._packing import history_room, query_text
@@ -65,6 +64,7 @@ from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.locomo import LoCoMoTask
 from pytest_budgetbench.tasks.memory import MemoryTask
+from pytest_budgetbench.tokens.counters import GGUFCounter, TokenCounter
 
 STRATEGIES = ("truncation", "rag", "lean_retrieval", "checkpoint_context", "compression",
               "summary_buffer")

@@ -137,7 +137,7 @@ class EndpointUnavailable(EndpointError):
     """Every attempt at a request failed for a reason of the server's, not the request's:
     refused or dropped connections, timeouts, 429s, 5xx, or a Retry-After too long to wait.
     A pool of replicas takes such a replica out and sends the request to another
-    (:mod:`~pytest_budgetbench.replicas`); a 400 is the request's, the same at every
+    (:mod:`~pytest_budgetbench.model.replicas`); a 400 is the request's, the same at every
     replica, and stays a plain EndpointError (a malformed reply: :class:`MalformedReply`)."""
 
 

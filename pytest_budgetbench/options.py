@@ -16,7 +16,7 @@ underscores) and, when ``env`` is set, an environment variable. Keys are flat: a
 accepted when a task (strategy) of the sweep declares it, and each declaring class parses
 it. Keys carry their owner in their name where they are not shared (``budgetmem_axis``).
 
-The core's own options (:data:`pytest_budgetbench.config.OPTIONS`) are Options too, with
+The core's own options (:data:`pytest_budgetbench.settings.config.OPTIONS`) are Options too, with
 ``dest`` the field of Settings they fill, and the same parsers: one family, where a parser
 raises ``ValueError("must be ...")`` and :meth:`Option.read` names the option and the value
 (``--budgetbench-items must be a positive integer (got '0')``). A parser whose message must

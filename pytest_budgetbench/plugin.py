@@ -2,14 +2,15 @@
 
 Without ``--budgets`` (or its ini twin ``budgetbench_budgets``) the plugin registers its
 options and nothing else: no items, no output, no heavy imports. With it, a ``budgetbench``
-collector joins the collection tree (:mod:`pytest_budgetbench.collect`) with one test per
-task item x strategy x budget and one per gate, and the work goes to the run object.
+collector joins the collection tree (:mod:`pytest_budgetbench.pytest_face.collect`) with one
+test per task item x strategy x budget and one per gate, and the work goes to the run object.
 
 This module holds the hooks, the fixtures and the option registration; what they do is in
-the modules that own it: :mod:`~pytest_budgetbench.arguments` (options and settings),
-:mod:`~pytest_budgetbench.collect` (items), :mod:`~pytest_budgetbench.sweep_tests` (the
-cells' and gates' tests), :mod:`~pytest_budgetbench.progress` and
-:mod:`~pytest_budgetbench.summary` (the terminal).
+the modules that own it: :mod:`~pytest_budgetbench.engine.arguments` (options and settings),
+:mod:`~pytest_budgetbench.pytest_face.collect` (items),
+:mod:`~pytest_budgetbench.pytest_face.sweep_tests` (the cells' and gates' tests),
+:mod:`~pytest_budgetbench.pytest_face.progress` and :mod:`~pytest_budgetbench.pytest_face.summary`
+(the terminal).
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench import distributed, nodeids
-from pytest_budgetbench.arguments import (
+from pytest_budgetbench.engine.arguments import (
     add_options,
     declared_flags,
     narrow_benchmark_table,
     settings_of,
 )
-from pytest_budgetbench.collect import (
+from pytest_budgetbench.engine.session import SESSION_KEY
+from pytest_budgetbench.errors import BudgetBenchError
+from pytest_budgetbench.options import Option
+from pytest_budgetbench.pytest_face import nodeids
+from pytest_budgetbench.pytest_face import xdist as distributed
+from pytest_budgetbench.pytest_face.collect import (
     cells_of,
     in_sweep,
     is_cell_item,
@@ -34,18 +39,16 @@ from pytest_budgetbench.collect import (
     present_report,
     select_sweep_items,
 )
-from pytest_budgetbench.config import OPTIONS
-from pytest_budgetbench.errors import BudgetBenchError
-from pytest_budgetbench.options import Option
-from pytest_budgetbench.redact import redact
-from pytest_budgetbench.session import SESSION_KEY
-from pytest_budgetbench.sweep_tests import (
+from pytest_budgetbench.pytest_face.sweep_tests import (
     assert_within_budget,
     gate_verdicts,
     judge_gate,
     parametrize_sweep,
     run_budget_cell,
 )
+from pytest_budgetbench.redact import redact
+from pytest_budgetbench.settings import workers
+from pytest_budgetbench.settings.config import OPTIONS
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
 
@@ -53,10 +56,11 @@ DECLARED_KEY = pytest.StashKey[list[Option]]()
 """The flags tasks and strategies declare, as registered for this run."""
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.cells import Cell, GateVerdict
-    from pytest_budgetbench.progress import SweepProgress
-    from pytest_budgetbench.runner import CellResult
-    from pytest_budgetbench.session import BudgetBenchSession
+    from pytest_budgetbench.engine.runner import CellResult
+    from pytest_budgetbench.engine.session import BudgetBenchSession
+    from pytest_budgetbench.pytest_face.progress import SweepProgress
+    from pytest_budgetbench.reports.verdicts import GateVerdict
+    from pytest_budgetbench.settings.cells import Cell
 
 
 _registered: list[Option] = []
@@ -65,7 +69,7 @@ pytest_addoption found them (each Config calls it first, so it is that Config's)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from pytest_budgetbench.declared import flag_specs
+    from pytest_budgetbench.engine.declared import flag_specs
 
     _registered[:] = flag_specs()
     add_options(parser, (*OPTIONS, *_registered))
@@ -82,15 +86,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     settings = settings_of(config, config.stash.get(DECLARED_KEY, None))
     config.addinivalue_line("markers", "budgetbench: a cell or gate of a budget sweep")
-    from pytest_budgetbench.collect import take_sweep_args
+    from pytest_budgetbench.pytest_face.collect import take_sweep_args
 
     take_sweep_args(config)
     if not settings.active:
         return
-    from pytest_budgetbench.session import BudgetBenchSession
+    from pytest_budgetbench.engine.session import BudgetBenchSession
 
     try:
-        session = BudgetBenchSession(settings, worker_state=distributed.worker_state(config))
+        session = BudgetBenchSession(settings, worker_state=workers.worker_state(config))
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     config.stash[SESSION_KEY] = session
@@ -140,7 +144,7 @@ class SweepPlugin:
         self._expect([i for i in session.items if is_cell_item(i)])
 
     def _start(self) -> None:
-        from pytest_budgetbench.summary import start_session
+        from pytest_budgetbench.pytest_face.summary import start_session
 
         start_session(self.config, self.session)
 
@@ -179,7 +183,7 @@ class SweepPlugin:
     def pytest_make_collect_report(self, collector: pytest.Collector) -> Any:
         report = yield
         if isinstance(collector, pytest.Session) and report.passed:
-            from pytest_budgetbench.collect import add_sweep_module
+            from pytest_budgetbench.pytest_face.collect import add_sweep_module
 
             add_sweep_module(self.config, self.session, collector, report)
         return report
@@ -193,7 +197,7 @@ class SweepPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """Gates run after the cells they judge."""
-        from pytest_budgetbench.collect import is_gate_item
+        from pytest_budgetbench.pytest_face.collect import is_gate_item
 
         items.sort(key=is_gate_item)
 
@@ -202,7 +206,7 @@ class SweepPlugin:
         self._expect_ids([i.nodeid for i in cells], [item_cell(i) for i in cells])
 
     def _expect_ids(self, ids: list[str], cells: list[Cell | None] | None = None) -> None:
-        from pytest_budgetbench.progress import sweep_progress
+        from pytest_budgetbench.pytest_face.progress import sweep_progress
 
         self.progress = sweep_progress(self.config, self.session, ids, cells)
 
@@ -249,7 +253,7 @@ class SweepPlugin:
             return  # no sweep item ran (e.g. `pytest tests/test_x.py` with ini budgets)
         if self.progress is not None:
             self.progress.close()
-        from pytest_budgetbench.summary import write_sweep_summary
+        from pytest_budgetbench.pytest_face.summary import write_sweep_summary
 
         write_sweep_summary(terminalreporter, self.session, self.finish_error)
 
@@ -270,7 +274,7 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     session: BudgetBenchSession = request.config.stash[SESSION_KEY]
     spec = request.param
     elsewhere: set[str] = set()
-    if distributed.is_worker(request.config):
+    if workers.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
         elsewhere = {c.cell_id for c in cells_of(request.session.items)}
     return judge_gate(request, session, spec, elsewhere)

@@ -54,7 +54,6 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_budgetbench.budget import ApproxCounter, BudgetCheck, TokenCounter, enforce
 from pytest_budgetbench.messages import (
     Message,
     Tool,
@@ -64,9 +63,10 @@ from pytest_budgetbench.messages import (
     split_ends,
     text_of,
 )
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
-from pytest_budgetbench.structured import Schema
+from pytest_budgetbench.tokens.counters import ApproxCounter, BudgetCheck, TokenCounter, enforce
 
 
 class EchoAuxModel:

@@ -349,7 +349,7 @@ def sigterm_under_xdist(workdir: Path, items: int = 4) -> tuple[int, int, FaultT
 
 def endpoint_down(workdir: Path) -> tuple[FaultTally, str]:
     """No server at the endpoint: one clear error before any cell runs."""
-    from pytest_budgetbench.model import free_port
+    from pytest_budgetbench.model.chat import free_port
 
     out = prepare(workdir) / "out"
     started = time.monotonic()
@@ -746,7 +746,7 @@ def read_only_merge(workdir: Path, items: int = 3) -> tuple[FaultTally, str]:
     before = _digests(source.iterdir())
     started = time.monotonic()
     try:
-        done = subprocess.run([*prefix, sys.executable, "-m", "pytest_budgetbench.cli",
+        done = subprocess.run([*prefix, sys.executable, "-m", "pytest_budgetbench.commands.cli",
                                "cache", "merge", str(source), "--into", str(into)],
                               cwd=workdir, env=_env(workdir), capture_output=True, text=True,
                               timeout=120)

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
-from pytest_budgetbench.structured import Schema
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
+from pytest_budgetbench.tokens.counters import GGUFCounter, TokenCounter
 from tests.fake_openai import FakeOpenAI, reading_responder
 
 
@@ -122,8 +122,8 @@ def run_with_aux(strategy: Strategy, messages: list[Message], budget: int,
     """One cell of a memory-system strategy with a scripted aux model (``reply``) held to
     ``budget``, the approximate counter and the hashing embedder: the prompt, the aux
     model (its calls) and the context (``info``, ``aux_failures``)."""
-    from pytest_budgetbench.budget import ApproxCounter
     from pytest_budgetbench.testing import HashingEmbedder
+    from pytest_budgetbench.tokens.counters import ApproxCounter
 
     tokens = ApproxCounter()
     aux = ScriptedAux(tokens, budget, reply)

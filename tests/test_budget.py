@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_budgetbench.budget import (
+from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.tokens.counters import (
     IMAGE_TOKENS,
     ApproxCounter,
     BudgetCheck,
@@ -19,8 +21,6 @@ from pytest_budgetbench.budget import (
     TokenCounter,
     enforce,
 )
-from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
-from pytest_budgetbench.messages import Message
 from tests.fake_openai import FakeOpenAI, returning_within
 
 
@@ -223,7 +223,7 @@ def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:
 def test_a_prompt_counted_whole_is_tokenized_once_however_often_it_is_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pytest_budgetbench import budget
+    from pytest_budgetbench.tokens import counters as budget
 
     counter = budget.ApproxCounter()
     # The whole-prompt path, as for a template that is not additive (tests/test_framing.py).
@@ -294,8 +294,8 @@ def test_a_dripping_tokenize_answer_is_a_tokenizer_error_naming_the_timeout() ->
 def test_auto_tokenizer_without_a_route_says_what_it_tried_and_what_to_pass(
     routes: set[str], hint: str
 ) -> None:
-    from pytest_budgetbench.endpoint import Endpoint
-    from pytest_budgetbench.wiring import make_counter
+    from pytest_budgetbench.engine.wiring import make_counter
+    from pytest_budgetbench.model.endpoint import Endpoint
 
     server = _served(routes)
     try:

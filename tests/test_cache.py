@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cache import CachingChatModel, ResponseStore, request_key
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model import ChatModel, Completion, RequestSlots
+from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, request_key
+from pytest_budgetbench.model.chat import ChatModel, Completion, RequestSlots
 from tests.fake_openai import FakeOpenAI
 
 QUESTION = [{"role": "user", "content": "Please remember: my dog is called Rex."},
@@ -155,8 +155,8 @@ def test_processes_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_pa
     store = str(tmp_path / "r.sqlite")
     script = (
         "from pathlib import Path\n"
-        "from pytest_budgetbench.cache import CachingChatModel, ResponseStore\n"
-        "from pytest_budgetbench.model import ChatModel\n"
+        "from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore\n"
+        "from pytest_budgetbench.model.chat import ChatModel\n"
         f"chat = CachingChatModel(ChatModel({fake.base_url!r}, {fake.model!r}),\n"
         f"    ResponseStore(Path({store!r}), run_id='r'))\n"
         f"print(chat.complete({QUESTION!r}, max_tokens=8).cached)\n"
@@ -240,7 +240,7 @@ def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from pathlib import Path\n"
-         "from pytest_budgetbench.model import RequestSlots\n"
+         "from pytest_budgetbench.model.chat import RequestSlots\n"
          f"with RequestSlots(Path({str(tmp_path / 'slots')!r}), 1).hold():\n"
          "    print('held', flush=True); time.sleep(60)\n"],
         stdout=subprocess.PIPE, text=True,
@@ -255,7 +255,7 @@ def test_a_killed_holder_frees_its_slot(tmp_path: Path) -> None:
 def test_the_embedded_servers_identity_outlives_its_port_and_context_size() -> None:
     from dataclasses import replace
 
-    from pytest_budgetbench.endpoint import Endpoint
+    from pytest_budgetbench.model.endpoint import Endpoint
 
     first = Endpoint("http://127.0.0.1:41000/v1", "m", embedded=True, gguf_path="/p/S.gguf",
                      server_flags={"n_ctx": 8192, "n_threads": 2})

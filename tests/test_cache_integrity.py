@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cache import (
+from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
+from pytest_budgetbench.errors import BudgetBenchError, CacheError
+from pytest_budgetbench.model.cache import (
     CACHE_FILE,
     COUNTS_FILE,
     CachingChatModel,
@@ -26,9 +28,7 @@ from pytest_budgetbench.cache import (
     ResponseStore,
     SharedDatabase,
 )
-from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
-from pytest_budgetbench.errors import BudgetBenchError, CacheError
-from pytest_budgetbench.model import ChatModel, Completion
+from pytest_budgetbench.model.chat import ChatModel, Completion
 from tests.fake_openai import FakeOpenAI
 
 SPACE = "space/1"

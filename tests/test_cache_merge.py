@@ -21,17 +21,17 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench import digests
-from pytest_budgetbench.cache import (
+from pytest_budgetbench.commands.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
+from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
+from pytest_budgetbench.model import digests
+from pytest_budgetbench.model.cache import (
     CACHE_FILE,
     COUNTS_FILE,
     CountDatabase,
     ResponseStore,
     SharedDatabase,
 )
-from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
-from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
-from pytest_budgetbench.model import Completion
+from pytest_budgetbench.model.chat import Completion
 from tests.fake_openai import FakeOpenAI
 
 SPACE = "space/1"
@@ -384,7 +384,7 @@ def test_a_read_only_source_is_merged_and_left_byte_for_byte_as_it_was(
     into = tmp_path / "into"
     before = digests_of(source)
     merged = subprocess.run(
-        [*prefix, sys.executable, "-m", "pytest_budgetbench.cli", "cache", "merge",
+        [*prefix, sys.executable, "-m", "pytest_budgetbench.commands.cli", "cache", "merge",
          str(source), "--into", str(into)], capture_output=True, text=True)
     assert (merged.returncode, merged.stderr) == (EXIT_OK, "")
     assert merged.stdout.count("1 added, 0 already there") == 3

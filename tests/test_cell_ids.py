@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_budgetbench.cells import Cell, build_cells, clean_part, id_part
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.settings.cells import Cell, build_cells, clean_part, id_part
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import rows_of, sweep_args
 

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, build_parser, main
+from pytest_budgetbench.commands.cli import (
+    EXIT_GATE_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    build_parser,
+    main,
+)
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 
 pytest.importorskip("pandas")
@@ -213,7 +219,7 @@ def test_shared_options_parse_as_the_plugin_does(
 
 
 def test_shared_options_take_the_plugins_defaults() -> None:
-    from pytest_budgetbench.config import Settings
+    from pytest_budgetbench.settings.config import Settings
 
     defaults = Settings()
     report = build_parser().parse_args(["report", "x"])
@@ -233,7 +239,7 @@ def test_subcommands_are_extensible() -> None:
 def test_console_script(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path / "run", rows(violations=10))
     script = shutil.which("budgetbench", path=str(Path(sys.executable).parent))
-    command = [script] if script else [sys.executable, "-m", "pytest_budgetbench.cli"]
+    command = [script] if script else [sys.executable, "-m", "pytest_budgetbench.commands.cli"]
     result = subprocess.run(
         [*command, "report", str(run_dir), "--no-plots", "--resamples", "200",
          "--max-violation-rate", "0.2"],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.progress import SweepProgress
+from pytest_budgetbench.pytest_face.progress import SweepProgress
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import add_greedy_strategy
 

@@ -9,16 +9,16 @@ from typing import Any, get_type_hints
 
 import pytest
 
-from pytest_budgetbench.config import (
+from pytest_budgetbench.engine.declared import flag_specs
+from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.options import Option
+from pytest_budgetbench.settings.config import (
     OPTIONS,
     Settings,
     literal_values,
     load_settings,
     parse_budgets,
 )
-from pytest_budgetbench.declared import flag_specs
-from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.options import Option
 
 DECLARED = flag_specs()
 ALL = (*OPTIONS, *DECLARED)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.budget import COUNTS_PER_SAVE, GGUFCounter, TokenCounter
-from pytest_budgetbench.cache import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase
+from pytest_budgetbench.tokens.counters import COUNTS_PER_SAVE, GGUFCounter, TokenCounter
 from tests.strategy_helpers import load_gguf
 
 

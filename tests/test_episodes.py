@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import GGUFCounter
-from pytest_budgetbench.episode import percentile, prompt_entries, shared_prefix
+from pytest_budgetbench.commands.regrade import regrade_run
+from pytest_budgetbench.engine.episode import percentile, prompt_entries, shared_prefix
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.messages import check_tool_pairs
-from pytest_budgetbench.regrade import regrade_run
 from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL, AgentLookupTask
+from pytest_budgetbench.tokens.counters import GGUFCounter
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_plugin import rows_of, sweep_args
 

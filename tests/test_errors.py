@@ -63,8 +63,8 @@ def test_no_error_class_is_defined_outside_errors_py() -> None:
 
 
 def test_the_moved_errors_are_still_importable_where_they_were() -> None:
-    from pytest_budgetbench.deadline import RequestTimeout
-    from pytest_budgetbench.preflight import NothingToRun
+    from pytest_budgetbench.engine.preflight import NothingToRun
+    from pytest_budgetbench.model.deadline import RequestTimeout
     from pytest_budgetbench.reports import ReportError
     from pytest_budgetbench.reports.load import ReportError as LoadReportError
 

@@ -92,7 +92,7 @@ def test_train_router_without_torch_is_one_line_before_it_starts(
     fake_endpoint: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pytest_budgetbench.cli import main
+    from pytest_budgetbench.commands.cli import main
 
     monkeypatch.setitem(sys.modules, "torch", None)
     out = tmp_path / "router"
@@ -179,7 +179,7 @@ def test_a_sweep_without_the_reports_extra_writes_rows_and_the_summary(
 
 def test_budgetbench_report_without_the_reports_extra_is_one_line(tmp_path: Path) -> None:
     code = BLOCK_REPORTS + (
-        "from pytest_budgetbench.cli import main\n"
+        "from pytest_budgetbench.commands.cli import main\n"
         f"sys.exit(main(['report', {str(tmp_path)!r}]))\n")
     env = {**os.environ, "PYTHONPATH": str(SOURCE)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

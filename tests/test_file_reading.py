@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
+from pytest_budgetbench.commands.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.tasks import TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, HFCounter, TokenCounter
-from pytest_budgetbench.framing import Case, verify_additivity
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, HFCounter, TokenCounter
+from pytest_budgetbench.tokens.framing import Case, verify_additivity
 from tests import chat_templates
 from tests.strategy_helpers import load_gguf
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_budgetbench.catalog import make_task
-from pytest_budgetbench.config import Settings, parse_grader_variants
+from pytest_budgetbench.engine.catalog import make_task
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.settings.config import Settings, parse_grader_variants
 from pytest_budgetbench.tasks import REGISTRY
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.cli import EXIT_OK, EXIT_USAGE, main
+from pytest_budgetbench.commands.cli import EXIT_OK, EXIT_USAGE, main
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks import _fixtures as fx

@@ -66,7 +66,7 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
 def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:
     from pytest_budgetbench.embedded.models import SMOLLM2
     from pytest_budgetbench.embedded.process import EmbeddedServer
-    from pytest_budgetbench.model import probe_endpoint
+    from pytest_budgetbench.model.chat import probe_endpoint
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

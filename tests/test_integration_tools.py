@@ -72,10 +72,10 @@ PROMPTS: list[tuple[str, list[Message], list[Tool]]] = [
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     """The default model's server and its exact counter."""
-    from pytest_budgetbench.budget import GGUFCounter
     from pytest_budgetbench.embedded.models import QWEN
     from pytest_budgetbench.embedded.process import EmbeddedServer
-    from pytest_budgetbench.model import ChatModel
+    from pytest_budgetbench.model.chat import ChatModel
+    from pytest_budgetbench.tokens.counters import GGUFCounter
 
     if not (gguf_models.model_dir() / QWEN.file_name).is_file():
         pytest.skip("the default model is not fetched (budgetbench fetch-model)")

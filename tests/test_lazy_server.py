@@ -18,8 +18,8 @@ import pytest
 from pytest_budgetbench.embedded import models as gguf_models
 from pytest_budgetbench.embedded import process
 from pytest_budgetbench.embedded.launcher import LaunchService, RemoteLauncher, ServerLauncher
-from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.model.endpoint import Endpoint
 from tests import fake_llama_server
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model import ChatModel, Completion, free_port, probe_endpoint
+from pytest_budgetbench.model.chat import ChatModel, Completion, free_port, probe_endpoint
 from pytest_budgetbench.redact import redact_url
 from tests.fake_openai import FakeOpenAI, returning_within
 
@@ -289,7 +289,7 @@ def test_every_client_of_the_process_shares_one_tls_context(
     per request in flight, all as its first cells start."""
     import ssl
 
-    from pytest_budgetbench import model as model_module
+    from pytest_budgetbench.model import chat as model_module
 
     contexts: list[object] = []
     real = model_module.http_client_type()

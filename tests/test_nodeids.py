@@ -1,4 +1,5 @@
-"""The plugin's node ids are built and read in one module, :mod:`pytest_budgetbench.nodeids`."""
+"""The plugin's node ids are built and read in one module,
+:mod:`pytest_budgetbench.pytest_face.nodeids`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import pytest_budgetbench
-from pytest_budgetbench import nodeids
+from pytest_budgetbench.pytest_face import nodeids
 
 ROOT = Path(pytest_budgetbench.__file__).parent
 

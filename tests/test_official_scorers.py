@@ -24,7 +24,7 @@ from typing import Any
 import numpy
 import pytest
 
-from pytest_budgetbench.model import ChatModel
+from pytest_budgetbench.model.chat import ChatModel
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 from pytest_budgetbench.tasks._fixtures import longmemeval_records, write_json
 from pytest_budgetbench.tasks._text import normalize_answer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.model import free_port
+from pytest_budgetbench.model.chat import free_port
 from tests.fake_openai import FakeOpenAI
 
 

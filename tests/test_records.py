@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench import records
 from pytest_budgetbench.errors import RecordError
-from pytest_budgetbench.records import (
+from pytest_budgetbench.records import store as records
+from pytest_budgetbench.records.store import (
     CELLS_FILE,
     PROMPTS_FILE,
     ROW_FIELDS,

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench import model as model_module
-from pytest_budgetbench.budget import ServerCounter
-from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EndpointError, TokenizerError
-from pytest_budgetbench.model import ChatModel, probe_endpoint, retry_after_seconds
+from pytest_budgetbench.model import chat as model_module
+from pytest_budgetbench.model.chat import ChatModel, probe_endpoint, retry_after_seconds
+from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.redact import (
     MASK,
     Secret,
@@ -27,6 +26,7 @@ from pytest_budgetbench.redact import (
     register_url,
     split_query,
 )
+from pytest_budgetbench.tokens.counters import ServerCounter
 from tests.fake_openai import FakeOpenAI
 
 KEY = "sk-plantedKEYabcdef123456"

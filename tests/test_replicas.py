@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.config import Settings, endpoint_urls
-from pytest_budgetbench.endpoint import Endpoint
+from pytest_budgetbench.engine.wiring import credential_line
 from pytest_budgetbench.errors import ConfigError, EndpointError, EndpointUnavailable
-from pytest_budgetbench.model import ChatModel, Completion
-from pytest_budgetbench.replicas import ReplicaPool
+from pytest_budgetbench.model.chat import ChatModel, Completion
+from pytest_budgetbench.model.endpoint import Endpoint
+from pytest_budgetbench.model.replicas import ReplicaPool
+from pytest_budgetbench.settings.config import Settings, endpoint_urls
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL
-from pytest_budgetbench.wiring import credential_line
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_config import load
 from tests.test_episodes import lookup_args
@@ -180,7 +180,7 @@ def test_structured_output_probes_one_replica_and_takes_none_out(
         replicas: list[FakeOpenAI], tmp_path: Path) -> None:
     """llama-cpp-python answers a form it does not take with a 500: the probe must learn
     the form from it without the pool reading the 500 as the replica being down."""
-    from pytest_budgetbench.wiring import make_chat, structured_output
+    from pytest_budgetbench.engine.wiring import make_chat, structured_output
 
     for server in replicas:  # both act as llama-cpp-python's server
         server.response_formats, server.reject_status = {"json_object"}, 500

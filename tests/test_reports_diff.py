@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cli import main
+from pytest_budgetbench.commands.cli import main
 from pytest_budgetbench.reports.diff import diff_runs
 from pytest_budgetbench.reports.synthetic import synthetic_rows, write_prompts, write_run
 from tests.fake_openai import FakeOpenAI
@@ -222,8 +222,8 @@ def test_diff_of_runs_with_other_seeds_is_refused_and_of_other_models_is_not(
 def test_fail_on_regression_uses_the_regression_gates_rule() -> None:
     import pandas as pd
 
-    from pytest_budgetbench.cells import quality_regressed
     from pytest_budgetbench.reports.diff import RunDiff
+    from pytest_budgetbench.reports.verdicts import quality_regressed
 
     # Mean fell by 0.3, more than 0.1, and the interval excludes zero: the plugin's gate
     # fails it, so diff must too (it judged only the upper bound against -0.1 before).

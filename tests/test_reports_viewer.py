@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.records import EPISODES_FILE, PROMPTS_FILE, Status
+from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE, Status
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.synthetic import (
     make_row,

@@ -13,16 +13,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_budgetbench import cli, embeddings  # noqa: E402
-from pytest_budgetbench.budget import ApproxCounter, TokenCounter  # noqa: E402
-from pytest_budgetbench.catalog import Catalog  # noqa: E402
-from pytest_budgetbench.config import Settings  # noqa: E402
-from pytest_budgetbench.endpoint import Endpoint  # noqa: E402
+from pytest_budgetbench import embeddings  # noqa: E402
+from pytest_budgetbench.commands import cli  # noqa: E402
+from pytest_budgetbench.engine.catalog import Catalog  # noqa: E402
+from pytest_budgetbench.engine.runner import Runner  # noqa: E402
+from pytest_budgetbench.engine.train_environment import PipelineEnvironment  # noqa: E402
 from pytest_budgetbench.errors import ConfigError  # noqa: E402
 from pytest_budgetbench.messages import Message, Tool, text_of  # noqa: E402
-from pytest_budgetbench.model import Completion  # noqa: E402
-from pytest_budgetbench.records import RunStore  # noqa: E402
-from pytest_budgetbench.runner import Runner  # noqa: E402
+from pytest_budgetbench.model.chat import Completion  # noqa: E402
+from pytest_budgetbench.model.endpoint import Endpoint  # noqa: E402
+from pytest_budgetbench.records.store import RunStore  # noqa: E402
+from pytest_budgetbench.settings.config import Settings  # noqa: E402
 from pytest_budgetbench.strategies import load_strategy  # noqa: E402
 from pytest_budgetbench.strategies.base import StrategyContext  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.policy import Policy  # noqa: E402
@@ -42,7 +43,7 @@ from pytest_budgetbench.strategies.budgetmem.router import (  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier  # noqa: E402
 from pytest_budgetbench.tasks.memory import MemoryTask  # noqa: E402
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy  # noqa: E402
-from pytest_budgetbench.train_environment import PipelineEnvironment  # noqa: E402
+from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter  # noqa: E402
 from tests.fake_openai import FakeOpenAI, reading_responder  # noqa: E402
 from tests.strategy_helpers import memory_items  # noqa: E402
 

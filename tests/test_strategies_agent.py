@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.aux_model import RecordedAuxModel
-from pytest_budgetbench.budget import TokenCounter
+from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.messages import Message, check_tool_pairs, exchanges, text_of
-from pytest_budgetbench.model import Completion
+from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.strategies import (
     REGISTRY,
     Strategy,
@@ -36,6 +35,7 @@ from pytest_budgetbench.testing import (
     check_strategy,
     tool_counter,
 )
+from pytest_budgetbench.tokens.counters import TokenCounter
 from tests.strategy_helpers import ScriptedAux
 
 AGENT_STRATEGIES = [PairTruncation, ObservationMasking, ToolResultClearing, Condenser]

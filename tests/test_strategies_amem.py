@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench import embeddings
-from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._memory_system import json_values
@@ -40,6 +39,7 @@ from pytest_budgetbench.strategies.amem import (
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter
 from tests.strategy_helpers import (
     ScriptedAux,
     graded_sweep,

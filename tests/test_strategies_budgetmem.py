@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import REGISTRY, load_strategy
@@ -33,6 +32,7 @@ from pytest_budgetbench.tasks._fixtures import locomo_samples, write_json
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.locomo import LoCoMoTask
 from pytest_budgetbench.testing import EchoAuxModel, HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
 from tests.strategy_helpers import memory_items
 
 CONTROLS = (BudgetMemLow, BudgetMemMid, BudgetMemHigh, BudgetMemRandom)
@@ -294,7 +294,7 @@ def test_budgetmem_and_the_cli_import_no_torch() -> None:
         "import sys\n"
         "import pytest_budgetbench.strategies.budgetmem.strategy\n"
         "import pytest_budgetbench.strategies.budgetmem.router\n"
-        "from pytest_budgetbench.cli import build_parser\n"
+        "from pytest_budgetbench.commands.cli import build_parser\n"
         "build_parser()\n"
         "heavy = {'torch', 'numpy', 'transformers', 'sentence_transformers', 'pandas'}\n"
         "print(sorted(heavy & set(sys.modules)))\n"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.checkpoint_context import (
@@ -11,6 +10,7 @@ from pytest_budgetbench.strategies.checkpoint_context import (
     CheckpointContext,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

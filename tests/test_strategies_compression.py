@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.compression import Compression
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, check_tool_pairs
 from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strategy
 from pytest_budgetbench.strategies.full_context import FullContext
 from pytest_budgetbench.strategies.truncation import Truncation
 from pytest_budgetbench.testing import check_strategy, floor_tokens, histories
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
 from tests.strategy_helpers import run_strategy
 
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, TokenCounter
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies import llmlingua2 as lingua
@@ -33,6 +32,7 @@ from pytest_budgetbench.strategies.llmlingua2 import (
     forget_compressors,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter
 from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import graded_sweep, memory_items
 from tests.test_plugin import sweep_args

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.errors import EndpointError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
@@ -38,6 +37,7 @@ from pytest_budgetbench.strategies.mem0 import (
     sessions,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter
 from tests.fake_openai import FakeOpenAI, reading_responder
 from tests.strategy_helpers import (
     ScriptedAux,
@@ -353,7 +353,7 @@ AUDIT = textwrap.dedent("""
         elif event == "os.remove":
             seen["removed"].append(os.fsdecode(args[0]))
     sys.addaudithook(audit)
-    from pytest_budgetbench.budget import ApproxCounter
+    from pytest_budgetbench.tokens.counters import ApproxCounter
     from pytest_budgetbench.strategies.base import StrategyContext
     from pytest_budgetbench.strategies.mem0 import Mem0, MEMORIES, backend
     from pytest_budgetbench.testing import HashingEmbedder
@@ -434,7 +434,7 @@ def test_a_sweep_asks_an_endpoint_for_the_extraction_schema_in_its_form_probed_o
     endpoint gets mem0's schema on every extraction, probed once for the whole sweep (a
     later run's probe: test_structured); its replies then always parse. Off: no schema,
     and every malformed reply is a failure, as before."""
-    monkeypatch.setattr("pytest_budgetbench.wiring.embedder_factory",
+    monkeypatch.setattr("pytest_budgetbench.engine.wiring.embedder_factory",
                         lambda _settings, _store: HashingEmbedder)
     fake = FakeOpenAI().start()
     request.addfinalizer(fake.stop)
@@ -479,7 +479,7 @@ def test_sweep_rows_record_the_calls_held_to_the_budget_and_the_failures(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     malformed: bool,
 ) -> None:
-    monkeypatch.setattr("pytest_budgetbench.wiring.embedder_factory",
+    monkeypatch.setattr("pytest_budgetbench.engine.wiring.embedder_factory",
                         lambda _settings, _store: HashingEmbedder)
     rows = graded_sweep(pytester, tmp_path, _sweep_reply(malformed), 4,
                         "--budgets=1024,1536", "--budgetbench-items=2",

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
@@ -27,6 +26,7 @@ from pytest_budgetbench.strategies.memgpt import (
     parse_summary,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
+from pytest_budgetbench.tokens.counters import ApproxCounter
 from tests.strategy_helpers import (
     ScriptedAux,
     graded_sweep,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_budgetbench.budget import ApproxCounter
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies._memory_system import (
     BuiltMemories,
     Cost,
@@ -15,7 +15,7 @@ from pytest_budgetbench.strategies._memory_system import (
     json_values,
 )
 from pytest_budgetbench.strategies.base import StrategyContext
-from pytest_budgetbench.structured import Schema
+from pytest_budgetbench.tokens.counters import ApproxCounter
 
 
 @dataclass

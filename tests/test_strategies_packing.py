@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies import load_strategy
@@ -22,6 +21,7 @@ from pytest_budgetbench.strategies._chunking import (
 from pytest_budgetbench.strategies._packing import Packer
 from pytest_budgetbench.strategies.base import StrategyContext
 from pytest_budgetbench.testing import HashingEmbedder
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
 from tests.strategy_helpers import memory_items
 
 PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compression",

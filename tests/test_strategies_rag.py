@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_budgetbench.budget import ApproxCounter, GGUFCounter, TokenCounter
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies._chunking import chunk_size
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE, Rag
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy, default_context
+from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
 from tests.strategy_helpers import memory_items
 
 pytest.importorskip("chromadb")

@@ -11,20 +11,20 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.aux_model import RecordedAuxModel
-from pytest_budgetbench.budget import ApproxCounter
-from pytest_budgetbench.cache import CachingChatModel, ResponseStore, request_key
+from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.errors import EndpointError, RequestRejected
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model import ChatModel
-from pytest_budgetbench.strategies.mem0 import EXTRACTION_SCHEMA
-from pytest_budgetbench.structured import (
+from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, request_key
+from pytest_budgetbench.model.chat import ChatModel
+from pytest_budgetbench.model.structured import (
     PROBE_SCHEMA,
     Schema,
     StructuredOutput,
     probe,
     response_format,
 )
+from pytest_budgetbench.strategies.mem0 import EXTRACTION_SCHEMA
+from pytest_budgetbench.tokens.counters import ApproxCounter
 from tests.fake_openai import FakeOpenAI
 
 QUESTION: list[Message] = [{"role": "user", "content": "What is my dog called?"}]

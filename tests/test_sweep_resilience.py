@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench import definition
-from pytest_budgetbench.cli import main
-from pytest_budgetbench.config import Settings
-from pytest_budgetbench.session import run_definition, started_at
+from pytest_budgetbench.commands.cli import main
+from pytest_budgetbench.engine.session import run_definition, started_at
+from pytest_budgetbench.records import definition
+from pytest_budgetbench.settings.config import Settings
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_plugin import sweep_args
 
@@ -384,7 +384,7 @@ def test_a_run_in_use_by_another_session_is_refused(
 ) -> None:
     import os
 
-    from pytest_budgetbench.records import RunStore
+    from pytest_budgetbench.records.store import RunStore
 
     sweep(pytester, fake_endpoint, tmp_path)
     (run,) = runs_in(tmp_path)

@@ -8,7 +8,6 @@ import zlib
 
 import pytest
 
-from pytest_budgetbench.budget import IMAGE_TOKENS, ApproxCounter, image_parts
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks.image_probe import (
     COLOURS,
@@ -18,6 +17,7 @@ from pytest_budgetbench.tasks.image_probe import (
     draw,
     encode_png,
 )
+from pytest_budgetbench.tokens.counters import IMAGE_TOKENS, ApproxCounter, image_parts
 
 
 def _decode(png: bytes) -> tuple[int, int, bytes]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.cells import Cell
 from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import longmemeval_records, write_json
 from pytest_budgetbench.tasks.longmemeval import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.declared import flag_specs
+from pytest_budgetbench.engine.declared import flag_specs
 from pytest_budgetbench.messages import check_messages
 from pytest_budgetbench.tasks import REGISTRY, Item, Task, TaskOptions
 from pytest_budgetbench.tasks import _fixtures as fx
@@ -73,7 +73,7 @@ def test_a_built_in_resolves_without_reading_entry_points(
 ) -> None:
     """Each thread of a concurrent sweep loads its strategy: scanning every installed
     distribution's entry points took tens of ms of CPU each time."""
-    from pytest_budgetbench import registry
+    from pytest_budgetbench.settings import registry
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 
     def no_scan(**_: object) -> list[object]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.budget import ServerCounter
-from pytest_budgetbench.config import Settings
+from pytest_budgetbench.engine.preflight import check_settings
+from pytest_budgetbench.engine.wiring import credential_line
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.model import ChatModel, probe_endpoint
-from pytest_budgetbench.preflight import check_settings
+from pytest_budgetbench.model.chat import ChatModel, probe_endpoint
 from pytest_budgetbench.redact import forget_secrets, redact, request_target
-from pytest_budgetbench.wiring import credential_line
+from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.tokens.counters import ServerCounter
 from tests.fake_openai import FakeOpenAI
 from tests.test_config import load
 from tests.test_plugin import sweep_args

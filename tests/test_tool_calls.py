@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.budget import (
+from pytest_budgetbench.errors import EndpointError, TokenizerError
+from pytest_budgetbench.messages import Message, Tool, as_sent
+from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, entry_checksum
+from pytest_budgetbench.model.chat import ChatModel
+from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
+from pytest_budgetbench.tokens.counters import (
     ApproxCounter,
     GGUFCounter,
     ServerCounter,
@@ -20,12 +25,7 @@ from pytest_budgetbench.budget import (
     served_by_llama_cpp,
     tools_text,
 )
-from pytest_budgetbench.cache import CachingChatModel, ResponseStore, entry_checksum
-from pytest_budgetbench.errors import EndpointError, TokenizerError
-from pytest_budgetbench.framing import verify_additivity
-from pytest_budgetbench.messages import Message, Tool, as_sent
-from pytest_budgetbench.model import ChatModel
-from pytest_budgetbench.tool_parser import parse_tool_calls, parser_for
+from pytest_budgetbench.tokens.framing import verify_additivity
 from tests.fake_openai import FakeOpenAI
 
 WEATHER: Tool = {"type": "function", "function": {
@@ -166,7 +166,7 @@ def test_gguf_renders_tools_and_tool_messages_as_llama_cpp_server(
 
 
 def test_hf_counter_renders_tools_and_tool_keys(tokenizer_json: Path) -> None:
-    from pytest_budgetbench.budget import HFCounter
+    from pytest_budgetbench.tokens.counters import HFCounter
 
     counter = HFCounter(str(tokenizer_json), chat_template=TOOLS_TEMPLATE)
     plain = counter.count_messages(EPISODE)

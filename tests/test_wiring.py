@@ -8,7 +8,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pytest_budgetbench import cli, embeddings
+from pytest_budgetbench import embeddings
+from pytest_budgetbench.commands import cli
 from pytest_budgetbench.embedded import models as gguf_models
 from pytest_budgetbench.embedded import process
 from pytest_budgetbench.testing import HashingEmbedder

@@ -38,8 +38,8 @@ from typing import Protocol
 
 from pytest_budgetbench.embedded import process
 from pytest_budgetbench.embedded.process import READY_TIMEOUT_S
-from pytest_budgetbench.endpoint import Endpoint
 from pytest_budgetbench.errors import EmbeddedServerError
+from pytest_budgetbench.model.endpoint import Endpoint
 
 REMOTE_TIMEOUT_S = 2 * READY_TIMEOUT_S + 60.0
 """How long a worker waits for the controller's answer: two launches (the second after
@@ -48,7 +48,7 @@ MIN_EMBEDDED_CONTEXT = 8192
 
 
 class Startable(Protocol):
-    """What a launcher starts: :class:`~pytest_budgetbench.model.EmbeddedServer`, or a fake."""
+    """What a launcher starts: :class:`~pytest_budgetbench.model.chat.EmbeddedServer`, or a fake."""
 
     @property
     def base_url(self) -> str: ...

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.deadline import DeadlineClients
 from pytest_budgetbench.embedded import models
 from pytest_budgetbench.errors import EmbeddedServerError, RequestTimeout
-from pytest_budgetbench.model import free_port
+from pytest_budgetbench.model.chat import free_port
+from pytest_budgetbench.model.deadline import DeadlineClients
 
 if TYPE_CHECKING:
     import httpx
@@ -159,7 +159,7 @@ class EmbeddedServer:
 
         httpx's timeout bounds each read, not the request: a server that accepts and then
         drips its reply (or never ends it) would hold one poll past ``timeout``. So each
-        poll runs under a whole-request deadline (:mod:`~pytest_budgetbench.deadline`) that
+        poll runs under a whole-request deadline (:mod:`~pytest_budgetbench.model.deadline`) that
         ends with the wait's own."""
         import httpx
 

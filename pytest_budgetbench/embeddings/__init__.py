@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.digests import directory_digest
 from pytest_budgetbench.embeddings.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -39,6 +38,7 @@ from pytest_budgetbench.embeddings.backends import (
 )
 from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
 from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement
+from pytest_budgetbench.model.digests import directory_digest
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 

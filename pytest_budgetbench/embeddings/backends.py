@@ -34,12 +34,13 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, get_type_hints
 
 from pytest_budgetbench.errors import ConfigError, MissingDependency
-from pytest_budgetbench.userdirs import user_cache
+from pytest_budgetbench.settings.config import Settings, literal_values
+from pytest_budgetbench.settings.userdirs import user_cache
 
-BACKENDS = ("onnx", "onnx-int8", "torch")
+BACKENDS: tuple[str, ...] = literal_values(get_type_hints(Settings)["embedding_backend"])
 DEFAULT_BACKEND = "onnx"
 """The fastest backend whose rankings match torch's (benchmarks/bench_embeddings.py):
 ``onnx`` ranked as torch did on every LongBench v2, LoCoMo and memory query (vectors
@@ -82,7 +83,7 @@ def default_threads() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    from pytest_budgetbench.distributed import worker_count
+    from pytest_budgetbench.settings.workers import worker_count
 
     return max(1, cores // worker_count())
 
@@ -91,7 +92,7 @@ def model_fingerprint(path: str) -> str:
     """A digest of a model directory's files (names, sizes, modification times), naming
     this machine's ONNX export of it: a changed or reinstalled model is exported again, and
     computing it reads no weights. (Vector spaces, which travel between machines, are
-    named by content: :func:`~pytest_budgetbench.digests.directory_digest`.)"""
+    named by content: :func:`~pytest_budgetbench.model.digests.directory_digest`.)"""
     root = Path(path)
     digest = hashlib.sha256()
     for file in sorted(p for p in root.rglob("*") if p.is_file()):

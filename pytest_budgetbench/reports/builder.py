@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench import definition
 from pytest_budgetbench.errors import ConfigError, ReportError
+from pytest_budgetbench.records import definition
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_budgetbench import definition
-from pytest_budgetbench.cells import NONINFERIORITY
 from pytest_budgetbench.errors import DiffError
+from pytest_budgetbench.records import definition
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.gates import judge_change
@@ -33,6 +32,7 @@ from pytest_budgetbench.reports.stats import (
     cell_rng,
     paired_changes,
 )
+from pytest_budgetbench.reports.verdicts import NONINFERIORITY
 
 if TYPE_CHECKING:
     import pandas as pd

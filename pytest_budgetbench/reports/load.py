@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import ReportError
-from pytest_budgetbench.records import CELLS_FILE, FINAL_STATUSES, ROW_FIELDS, RUN_FILE, Status
+from pytest_budgetbench.records.store import (
+    CELLS_FILE,
+    FINAL_STATUSES,
+    ROW_FIELDS,
+    RUN_FILE,
+    Status,
+)
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.records import CELLS_FILE, PROMPTS_FILE, CellRow, Status
+from pytest_budgetbench.records.store import CELLS_FILE, PROMPTS_FILE, CellRow, Status
 
 
 def make_row(

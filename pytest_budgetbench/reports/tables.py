@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_budgetbench.cells import split_reference, violation_rate
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.records import Status
+from pytest_budgetbench.records.store import Status
 from pytest_budgetbench.reports.stats import (
     CHANGE_COLUMNS,
     bootstrap_cis,
@@ -25,6 +24,8 @@ from pytest_budgetbench.reports.stats import (
     paired_changes,
     wilson_interval,
 )
+from pytest_budgetbench.reports.verdicts import violation_rate
+from pytest_budgetbench.settings.cells import split_reference
 
 if TYPE_CHECKING:
     import pandas as pd

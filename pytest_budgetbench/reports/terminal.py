@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.cells import violation_rate
-from pytest_budgetbench.records import Status
+from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.reports.verdicts import violation_rate
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.cells import GateVerdict
-    from pytest_budgetbench.config import Settings
     from pytest_budgetbench.reports.builder import Report
+    from pytest_budgetbench.reports.verdicts import GateVerdict
+    from pytest_budgetbench.settings.config import Settings
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def write_summary(
 ) -> None:
     """The summary of the run in ``run_dir``: the computed ``report``'s numbers when there
     is one, the gates' ``verdicts``, and where the report was written (or why not)."""
-    from pytest_budgetbench.records import CELLS_FILE, last_row_per_cell, read_jsonl
+    from pytest_budgetbench.records.store import CELLS_FILE, last_row_per_cell, read_jsonl
 
     rows = last_row_per_cell(read_jsonl(Path(run_dir) / CELLS_FILE))
     terminalreporter.section("budgetbench summary")

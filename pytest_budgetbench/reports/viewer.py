@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import text_of, tool_calls_of
-from pytest_budgetbench.records import EPISODES_FILE, PROMPTS_FILE
+from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE
 from pytest_budgetbench.reports.load import cells_path, parse_line
 
 MAX_ROWS = 25_000

@@ -22,7 +22,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from pytest_budgetbench.records import Status
+from pytest_budgetbench.records.store import Status
 from pytest_budgetbench.reports.viewer import page_json
 
 STYLE = """

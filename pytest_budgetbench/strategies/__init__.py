@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.registry import Registry
+from pytest_budgetbench.settings.registry import Registry
 from pytest_budgetbench.strategies.base import (
     AuxiliaryModel,
     Embedder,

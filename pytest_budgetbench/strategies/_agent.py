@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, exchanges, split_ends, text_of, tool_calls_of
+from pytest_budgetbench.tokens.counters import TokenCounter
 
 Unit = list[Message]
 

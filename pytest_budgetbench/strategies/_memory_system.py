@@ -31,12 +31,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
-from pytest_budgetbench.structured import Schema
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.budget import TokenCounter
+    from pytest_budgetbench.tokens.counters import TokenCounter
 
 MEMORIES_KEPT = 32  # built memories cached in the process, per strategy
 MIN_MATERIAL_TOKENS = 16  # a call with less room than this to read is not worth making

@@ -25,7 +25,6 @@ from abc import abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, split_ends, text_of
 from pytest_budgetbench.strategies._chunking import (
     RAG_CHUNK,
@@ -35,6 +34,7 @@ from pytest_budgetbench.strategies._chunking import (
     fit_prefix,
 )
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
+from pytest_budgetbench.tokens.counters import TokenCounter
 
 # Below this many free tokens a cut piece is more noise than evidence.
 MIN_PARTIAL_TOKENS = 8

@@ -113,6 +113,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import Piece, chunk_history, newest_first, piece_text
 from pytest_budgetbench.strategies._memory_system import (
@@ -130,7 +131,6 @@ from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, quer
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE, unit_vector
-from pytest_budgetbench.structured import Schema
 
 EVOLVE_NEIGHBOURS = 5  # the package's find_related_memories(k=5)
 NOTE_REPLY_TOKENS = 160

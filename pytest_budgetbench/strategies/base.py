@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.options import Option
-from pytest_budgetbench.structured import Schema
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.budget import TokenCounter
+    from pytest_budgetbench.tokens.counters import TokenCounter
 
 
 class Regime(enum.StrEnum):
@@ -52,7 +52,7 @@ class AuxiliaryModel(Protocol):
         """Return the reply text. Raises BudgetExceeded when the prompt exceeds the cell budget.
 
         ``schema``: the JSON schema the reply should follow, sent to an endpoint that can
-        constrain its reply to it (:mod:`~pytest_budgetbench.structured`); the reply may
+        constrain its reply to it (:mod:`~pytest_budgetbench.model.structured`); the reply may
         still not follow it (no such endpoint, or cut at ``max_tokens``), so the caller
         parses it as leniently as without."""
         ...

@@ -74,6 +74,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import MissingDependency, Requirement
 from pytest_budgetbench.messages import Message, text_of
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.options import Option, choice, positive_int
 from pytest_budgetbench.strategies._chunking import chunk_history, newest_first
 from pytest_budgetbench.strategies._memory_system import (
@@ -89,7 +90,6 @@ from pytest_budgetbench.strategies._memory_system import (
 from pytest_budgetbench.strategies._packing import HistoryStrategy, Packer, query_text
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
-from pytest_budgetbench.structured import Schema
 
 ADD_SHARE = 0.75  # of the window left after the instruction: the new messages of one add
 MIN_ADD_TOKENS = 64  # a window leaving less than this for new messages builds nothing

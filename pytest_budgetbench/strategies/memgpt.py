@@ -63,6 +63,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import Requirement
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import newest_first
 from pytest_budgetbench.strategies._memory_system import (
@@ -81,7 +82,6 @@ from pytest_budgetbench.strategies._scoring import bm25
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.budgetmem.pipeline import question_of
 from pytest_budgetbench.strategies.rag import STORE
-from pytest_budgetbench.structured import Schema
 
 WARN_SHARE = 0.7  # the paper's memory-pressure warning
 FLUSH_SHARE = 1.0  # the paper's flush

@@ -64,8 +64,8 @@ from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
 from pytest_budgetbench.messages import Message, Tool, tool_calls_of
+from pytest_budgetbench.settings.userdirs import user_cache
 from pytest_budgetbench.tasks.base import Environment, EpisodicTask, Grade, Item
-from pytest_budgetbench.userdirs import user_cache
 
 BFCL_VERSION = "2026.3.23"
 BFCL_INSTALL = f"pip install --no-deps bfcl-eval=={BFCL_VERSION}"

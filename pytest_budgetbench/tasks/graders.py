@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.registry import import_object
+from pytest_budgetbench.settings.registry import import_object
 from pytest_budgetbench.tasks._text import (
     choice_letter,
     clean_reply,
@@ -41,7 +41,7 @@ from pytest_budgetbench.tasks._text import (
 from pytest_budgetbench.tasks.base import Grade, Item
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model import ChatBackend
+    from pytest_budgetbench.model.chat import ChatBackend
 
 VERSION = 1
 """Bump when a built-in's scores can change: it is in every grader id."""

@@ -8,7 +8,7 @@ another, and every other KEY=VALUE becomes the default of the option the task de
 under that key (``--budgetbench-task-options`` still overrides it, for every task that
 declares the key). Any task can be instantiated so, a built-in, an entry point or a
 ``module:attr`` class alike. The definition's text is read by
-:mod:`pytest_budgetbench.task_grammar` (below the settings, which check it before any
+:mod:`pytest_budgetbench.settings.task_grammar` (below the settings, which check it before any
 task is imported); this module turns a parsed definition into its class.
 """
 
@@ -19,8 +19,8 @@ import functools
 from typing import Any
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.registry import Registry
-from pytest_budgetbench.task_grammar import TaskDefinition
+from pytest_budgetbench.settings.registry import Registry
+from pytest_budgetbench.settings.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import Task
 
 PATH_KEY = "path"

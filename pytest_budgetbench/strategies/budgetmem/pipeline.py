@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_budgetbench.budget import TokenCounter
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies._chunking import chunk_history
 from pytest_budgetbench.strategies._memory_system import cut, fit_material, recorded_latency
@@ -36,6 +35,7 @@ from pytest_budgetbench.strategies.budgetmem.tiers import (
     MODULES,
     Tier,
 )
+from pytest_budgetbench.tokens.counters import TokenCounter
 
 CHUNK_TOKENS = 256
 FINAL_MARK = "FINAL:"

@@ -1,0 +1,1 @@
+"""The ``budgetbench`` console command and its subcommands."""

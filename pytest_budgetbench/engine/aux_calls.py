@@ -1,0 +1,93 @@
+"""The auxiliary model as a strategy sees it: every call budgeted and recorded on the cell's
+row. (Not ``aux.py``: AUX is a reserved file name on Windows.)
+
+A call that expects JSON passes its :class:`~pytest_budgetbench.model.structured.Schema`: the
+endpoint gets it as a ``response_format`` in the form it takes (found once per endpoint),
+or not at all where it takes none or ``--budgetbench-structured-output=off``; the row's
+call says which form went (``response_format``). The budget counts the messages only: a
+``response_format`` is no prompt token (llama.cpp makes it a grammar over the sampling)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.model.chat import ChatBackend
+from pytest_budgetbench.model.structured import Schema, StructuredOutput
+from pytest_budgetbench.tokens.counters import BudgetCheck, TokenCounter, enforce
+
+
+@dataclass
+class AuxCall:
+    purpose: str
+    input_tokens: int
+    output_tokens: int | None
+    latency_s: float
+    model: str = "aux"
+    cached: bool = False
+    response_format: str | None = None
+    """The form the call's schema was sent in (``json_schema``, ``json_object``), ``none``
+    when the endpoint takes none or it is off; None for a call without a schema."""
+
+    def row(self) -> dict[str, Any]:
+        """The call as the row lists it (a call without a schema as it always was)."""
+        fields = dict(vars(self))
+        if self.response_format is None:
+            del fields["response_format"]
+        return fields
+
+
+class RecordedAuxModel:
+    """The model as a strategy sees it: each call's prompt is held to the cell's budget,
+    and each call is recorded on the cell's row.
+
+    Several named models (``--budgetbench-aux-models``) of one cell share one ``calls``
+    list, so the row lists every auxiliary call in order. ``structured`` says how this
+    model's endpoint takes a schema (None: it is never sent one).
+    """
+
+    def __init__(
+        self,
+        chat: ChatBackend,
+        tokens: TokenCounter,
+        budget: int,
+        cell_id: str,
+        *,
+        label: str = "aux",
+        calls: list[AuxCall] | None = None,
+        structured: StructuredOutput | None = None,
+    ) -> None:
+        self._chat = chat
+        self._tokens = tokens
+        self._budget = budget
+        self._cell_id = cell_id
+        self.label = label
+        self.calls: list[AuxCall] = [] if calls is None else calls
+        self.structured = structured
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
+                 schema: Schema | None = None) -> str:
+        counted = self._tokens.count_messages(messages)
+        check = BudgetCheck(counted, self._budget)
+        enforce(f"{self._cell_id} (auxiliary call '{purpose}')", purpose, check, self._tokens)
+        form: str | None = None
+        sent = None
+        if schema is not None:
+            form = self.structured.form if self.structured else "none"
+            sent = self.structured.response_format(schema) if self.structured else None
+        if sent is None:  # a backend that knows no response_format is still called as before
+            completion = self._chat.complete(messages, max_tokens=max_tokens)
+        else:
+            completion = self._chat.complete(messages, max_tokens=max_tokens,
+                                             response_format=sent)
+        self.calls.append(AuxCall(purpose, counted, completion.completion_tokens,
+                                  completion.latency_s, self.label, completion.cached, form))
+        return completion.text
+
+    def sibling(self, chat: ChatBackend, label: str,
+                structured: StructuredOutput | None = None) -> RecordedAuxModel:
+        """Another model for the same cell, recorded in the same list."""
+        return RecordedAuxModel(chat, self._tokens, self._budget, self._cell_id,
+                                label=label, calls=self.calls, structured=structured)

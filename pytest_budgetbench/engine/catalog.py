@@ -1,0 +1,64 @@
+"""The sweep's tasks and their items: each task built once per process from the settings,
+its items loaded once (collection needs them as much as the runner does)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_budgetbench.engine.declared import task_values
+from pytest_budgetbench.model.chat import ChatModel
+from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
+from pytest_budgetbench.tasks.base import CHUNK_TOKENS
+
+
+class Catalog:
+    """Tasks and their items, loaded once per process (collection needs them too)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._tasks: dict[str, Task] = {}
+        self._items: dict[str, list[Item]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """The sweep's task names, as cells and rows carry them (a class's ``name``, not
+        the ``module:attr`` that selected it)."""
+        return list(sweep_tasks(self.settings.tasks, self.settings.named_tasks))
+
+    def provide(self, task: Task, items: list[Item]) -> None:
+        """Use ``task`` and ``items``, already loaded, for cells of ``task.name``."""
+        self._tasks[task.name] = task
+        self._items[task.name] = items
+
+    def task(self, name: str) -> Task:
+        if name not in self._tasks:
+            self._tasks[name] = make_task(name, self.settings)
+        return self._tasks[name]
+
+    def items(self, task_name: str) -> list[Item]:
+        if task_name not in self._items:
+            self._items[task_name] = self.task(task_name).load()[: self.settings.items]
+        return self._items[task_name]
+
+
+def make_task(name: str, settings: Settings) -> Task:
+    """The task ``name`` (as cells and rows call it, or as --budgetbench-tasks names it)."""
+    cls = (sweep_tasks(settings.tasks, settings.named_tasks).get(name)
+           or resolve_task(name, settings.named_tasks))
+    data = settings.data_paths.get(cls.name or name) or cls.default_data_path
+    values = task_values(cls, settings)
+    judge = None
+    if settings.judge_endpoint:
+        judge = ChatModel(settings.judge_endpoint, settings.judge_model or "",
+                          api_key=settings.api_key, timeout=settings.timeout,
+                          attempts=settings.retries, temperature=0.0)
+    options = TaskOptions(
+        seed=settings.seed,
+        judge=judge,
+        items=settings.items,
+        data_path=Path(data) if data else None,
+        chunk_tokens=int(values.get(CHUNK_TOKENS.key, CHUNK_TOKENS.default)),
+        extra={**values, "grader_variants": settings.grader or {}},
+    )
+    return cls(options)

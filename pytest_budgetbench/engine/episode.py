@@ -1,0 +1,243 @@
+"""An agent episode, call by call: the budget holds on every call, not once per cell.
+
+An episodic task's environment gives the first messages and the tools; then, at every
+model call, the strategy builds the prompt from the trajectory so far, the runner checks
+its tool-call pairs, counts it with the tools and enforces the budget (a call over budget
+is a violation that ends the episode, and the row says which call), sends it, checks the
+reply (one the runner cannot use is the model's error, naming the call, and never enters
+the trajectory, where the next prompt would blame the strategy), appends it, and the
+environment answers it: tool results, the next user turn, or the end.
+
+One row per episode cell (``CellRow``'s episode fields) and one record in
+``episodes.jsonl`` (written first: a row never exists without its trajectory), so that
+``regrade`` and the viewer need no model call. Each call's prompt is kept as references
+into the trajectory (``{"t": i}``) and the messages the strategy made (``{"m": ...}``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_budgetbench.errors import MalformedReply
+from pytest_budgetbench.messages import Message, Tool, shared_call_id
+from pytest_budgetbench.model.chat import Completion
+from pytest_budgetbench.records.store import CellRow, Status
+from pytest_budgetbench.tasks import Environment
+from pytest_budgetbench.tokens.counters import BudgetCheck, TokenCounter, message_key, prompt_sha256
+
+
+class Ended:
+    """How an episode ended (the row's ``ended``)."""
+
+    DONE = "done"
+    """The environment said it was over."""
+    VIOLATION = "violation"
+    """A call's prompt was over budget; nothing more was sent."""
+    MAX_CALLS = "max_calls"
+    """The runner's cap on calls (--budgetbench-max-calls) ended it."""
+    ERROR = "error"
+
+
+@dataclass
+class CallRecord:
+    """One model call of an episode, as episodes.jsonl keeps it."""
+
+    call: int
+    """1-based."""
+    seen: int
+    """How many trajectory messages existed when the prompt was built."""
+    prompt: list[dict[str, Any]]
+    """The prompt as sent: ``{"t": i}`` for trajectory[i] as it is, ``{"m": message}`` for
+    a message the strategy made."""
+    tools: int
+    counted_tokens: int
+    prompt_sha256: str
+    server_prompt_tokens: int | None = None
+    prefix_tokens: int | None = None
+    """Leading tokens this prompt shares with the previous call's (what a server's prompt
+    cache reuses); None where the counter cannot give token ids."""
+    model_s: float = 0.0
+    cached: bool | None = None
+    output_tokens: int | None = None
+    parsed_tool_calls: int = 0
+
+
+@dataclass
+class Episode:
+    """The trajectory so far and the calls made."""
+
+    trajectory: list[Message]
+    tools: list[Tool]
+    calls: list[CallRecord] = field(default_factory=list)
+    ended: str = Ended.ERROR
+    violation: str = ""
+    last_reply: str = ""
+    last_prompt: list[Message] = field(default_factory=list)
+    strategy_s: float = 0.0
+    _previous_ids: list[int] | None = None
+
+    def record(self, cell_id: str, run_id: str) -> dict[str, Any]:
+        return {"cell_id": cell_id, "run_id": run_id, "ended": self.ended,
+                "tools": self.tools, "trajectory": self.trajectory,
+                "calls": [asdict(call) for call in self.calls]}
+
+
+def prompt_entries(
+    prompt: Sequence[Message], trajectory: Sequence[Message]
+) -> list[dict[str, Any]]:
+    """The prompt as references into the trajectory where a message is sent as it is
+    there, in order (the first match at or after the previous one), else the message."""
+    positions: dict[str, list[int]] = {}
+    for index, message in enumerate(trajectory):
+        positions.setdefault(message_key(message), []).append(index)
+    entries: list[dict[str, Any]] = []
+    after = -1
+    for message in prompt:
+        found = next((i for i in positions.get(message_key(message), []) if i > after), None)
+        if found is None:
+            entries.append({"m": message})
+        else:
+            entries.append({"t": found})
+            after = found
+    return entries
+
+
+def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    """How many leading tokens two prompts share."""
+    length = 0
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        length += 1
+    return length
+
+
+def percentile(values: Sequence[int], fraction: float) -> int:
+    """The nearest-rank percentile (p95 of 20 calls is the 19th smallest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+Builder = Callable[[list[Message], list[Tool]], tuple[list[Message], float, int]]
+"""The strategy's prompt for the trajectory so far and the tools, its seconds, and the
+prompt's count with the tools (the runner's, as for every cell)."""
+Caller = Callable[[list[Message], list[Tool]], Completion]
+
+
+@dataclass
+class EpisodeLoop:
+    """Plays one episode; the runner supplies the strategy, the counter and the model."""
+
+    environment: Environment
+    tokens: TokenCounter
+    budget: int
+    max_calls: int
+    build: Builder
+    send: Caller
+    describe_violation: Callable[[BudgetCheck, int], str]
+    """The violation line for a check at a call (1-based)."""
+
+    def play(self) -> Episode:
+        env = self.environment
+        episode = Episode(trajectory=list(env.start()), tools=list(env.tools))
+        while True:
+            if len(episode.calls) >= self.max_calls:
+                episode.ended = Ended.MAX_CALLS
+                break
+            tools = list(env.tools)
+            prompt, seconds, counted = self.build(list(episode.trajectory), tools)
+            episode.strategy_s += seconds
+            episode.last_prompt = prompt
+            call = self._record_call(episode, prompt, tools, counted)
+            check = BudgetCheck(call.counted_tokens, self.budget)
+            if not check.fits:
+                episode.ended = Ended.VIOLATION
+                episode.violation = self.describe_violation(check, call.call)
+                break
+            completion = self._reply(call, prompt, tools)
+            self._received(call, completion)
+            reply = completion.message
+            episode.trajectory.append(reply)
+            episode.last_reply = completion.text
+            following = env.respond(reply)
+            if following is None:
+                episode.ended = Ended.DONE
+                break
+            episode.trajectory.extend(following)
+            episode.tools = list(env.tools)
+        return episode
+
+    def _record_call(self, episode: Episode, prompt: list[Message], tools: list[Tool],
+                     counted: int) -> CallRecord:
+        call = CallRecord(
+            call=len(episode.calls) + 1, seen=len(episode.trajectory),
+            prompt=prompt_entries(prompt, episode.trajectory), tools=len(tools),
+            counted_tokens=counted, prompt_sha256=prompt_sha256(prompt, tools))
+        ids = self.tokens.prompt_token_ids(prompt, tools)
+        if ids is not None:
+            previous = episode._previous_ids
+            call.prefix_tokens = 0 if previous is None else shared_prefix(previous, ids)
+            episode._previous_ids = ids
+        episode.calls.append(call)
+        return call
+
+    def _reply(self, call: CallRecord, prompt: list[Message], tools: list[Tool]) -> Completion:
+        """The model's reply to ``call``, checked before it enters the trajectory; a
+        malformed one names the call."""
+        try:
+            completion = self.send(prompt, tools)
+            problem = shared_call_id(completion.tool_calls)
+            if problem:  # a backend that does not check (a reply cached before it did)
+                raise MalformedReply(f"malformed reply from the model: {problem}")
+        except MalformedReply as exc:
+            raise MalformedReply(f"{exc}; it answered call {call.call} of the episode") from None
+        return completion
+
+    @staticmethod
+    def _received(call: CallRecord, completion: Completion) -> None:
+        call.server_prompt_tokens = completion.prompt_tokens
+        call.model_s = round(completion.latency_s, 4)
+        call.cached = completion.cached
+        call.output_tokens = completion.completion_tokens
+        call.parsed_tool_calls = completion.parsed_tool_calls
+
+
+def fill_row(row: CellRow, episode: Episode) -> None:
+    """The episode's numbers on its row: per-call counts, the call that violated, its
+    real cost (every call's prompt and output tokens) and how much of each prompt the
+    previous one's prefix covered."""
+    calls = episode.calls
+    counted = [call.counted_tokens for call in calls]
+    row.calls = len(calls)
+    row.ended = episode.ended
+    row.call_tokens = counted
+    sent = [call for call in calls if call.cached is not None]
+    if counted:
+        row.counted_tokens = max(counted)
+        row.max_call_tokens = max(counted)
+        row.p95_call_tokens = percentile(counted, 0.95)
+        row.utilisation = round(max(counted) / row.budget, 4)
+        row.prompt_sha256 = calls[-1].prompt_sha256
+    row.sum_call_tokens = sum(call.counted_tokens for call in sent)
+    row.violated_call = calls[-1].call if episode.ended == Ended.VIOLATION else None
+    row.model_s = round(sum(call.model_s for call in sent), 4)
+    row.cached = bool(sent) and all(call.cached for call in sent)
+    row.output_tokens = sum(call.output_tokens or 0 for call in sent)
+    row.total_tokens = sum((call.server_prompt_tokens or call.counted_tokens)
+                           + (call.output_tokens or 0) for call in sent)
+    server = [call.server_prompt_tokens for call in sent]
+    row.server_prompt_tokens = max((n for n in server if n is not None), default=None)
+    row.token_count_match = (
+        None if not sent or any(n is None for n in server)
+        else all(call.server_prompt_tokens == call.counted_tokens for call in sent))
+    with_prefix = [call for call in calls[1:] if call.prefix_tokens is not None]
+    if with_prefix:
+        row.prefix_reuse = round(sum(c.prefix_tokens or 0 for c in with_prefix)
+                                 / sum(c.counted_tokens for c in with_prefix), 4)
+    row.strategy_s = round(episode.strategy_s, 6)
+    row.prediction = episode.last_reply
+    if episode.ended == Ended.VIOLATION:
+        row.status, row.error = Status.VIOLATION, episode.violation

@@ -1,0 +1,299 @@
+"""Everything that can be checked before the first cell, checked before it.
+
+A sweep that would fail on its thousandth cell, or after its last, for a reason known at
+its start (a missing tokenizer file, a baseline it cannot compare with, a cache it cannot
+write) is stopped at the start instead, with one line, and before anything is written.
+
+- :func:`check_settings` needs only the options (and imports the classes they name): the
+  plugin runs it in every process at configure time.
+- :func:`check_sweep` needs the tasks' data and the cells: the controller runs it before
+  it resolves the endpoint and writes run.json.
+- :func:`check_tokenizer` needs the endpoint: the controller runs it once the endpoint is
+  known, before run.json.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_budgetbench.errors import (
+    ConfigError,
+    MissingDependency,
+    NothingToRun,
+    Requirement,
+    TokenizerError,
+    first_missing,
+)
+from pytest_budgetbench.settings.cells import Cell, clean_part, split_reference
+from pytest_budgetbench.settings.config import Settings
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.engine.catalog import Catalog
+    from pytest_budgetbench.model.endpoint import Endpoint
+    from pytest_budgetbench.strategies import Strategy
+    from pytest_budgetbench.tasks import Task
+    from pytest_budgetbench.tokens.counters import TokenCounter
+
+
+def check_settings(settings: Settings) -> None:
+    """Names, options and paths, from the settings alone; a ConfigError names the value."""
+    from pytest_budgetbench.engine.declared import check_options
+    from pytest_budgetbench.tasks import sweep_tasks
+
+    strategies = strategy_classes(settings.strategies)
+    tasks = sweep_tasks(settings.tasks, settings.named_tasks)
+    check_extras(settings, strategies, tasks)
+    check_options(settings, tasks.values(), strategies.values())
+    _check_reference(settings, {cls.name for cls in strategies.values()})
+    _check_grader_variants(settings, tasks)
+    _check_data_flags(settings, tasks)
+    _check_out_dir(Path(settings.out))
+    if settings.cache_mode not in (None, "off") and settings.cache_path:
+        _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
+    _check_embedding_model(settings)
+    if settings.endpoint is None:
+        from pytest_budgetbench.embedded import embedded_model
+
+        embedded_model(settings.model)  # --budgetbench-model names an embedded model
+
+
+def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
+    """Each strategy spec's class, in order; its ``name`` is what its cells and rows carry.
+    Two specs that resolve to one name, or to names that read as one in cell ids
+    (``keep-ends`` and ``keep_ends``), or a class without a name, are a ConfigError."""
+    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
+
+    classes: dict[str, type[Strategy]] = {}
+    spec_of: dict[str, str] = {}
+    name_of: dict[str, str] = {}  # each name's readable id part -> the name
+    for spec in specs:
+        cls = STRATEGIES.resolve(spec)
+        name = getattr(cls, "name", "")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"strategy '{spec}' has no name: set its class attribute 'name' to the name "
+                "its cells and rows should carry"
+            )
+        if name in spec_of:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
+                f"'{name}', so their cells and rows would mix; give one another name"
+            )
+        other = name_of.setdefault(clean_part(name), name)
+        if other != name:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[other]}' and '{spec}' are named "
+                f"'{other}' and '{name}', which read as one ('{clean_part(name)}') in cell "
+                "ids; give one another name"
+            )
+        classes[spec], spec_of[name] = cls, spec
+    return classes
+
+
+def check_extras(
+    settings: Settings, strategies: Mapping[str, type[Strategy]], tasks: Mapping[str, type[Task]]
+) -> None:
+    """Every optional package the sweep's strategies, tasks, tokenizer, model and gates
+    import is installed. What is missing is one MissingDependency, before any cell, that
+    names each extra; found without importing anything heavy."""
+    from pytest_budgetbench import embeddings, reports
+
+    needs: list[tuple[str, Iterable[Requirement]]] = []
+    for spec, strategy in strategies.items():
+        needs.append((f"strategy '{spec}'", strategy.requires))
+        if strategy.uses_embedder:
+            needs.append((f"strategy '{spec}' (its embedder, {settings.embedding_model} on "
+                          f"{settings.embedding_backend})", embeddings.requirements(
+                              settings.embedding_model, settings.embedding_backend)))
+    needs += [(f"task '{name}'", task.requires) for name, task in tasks.items()]
+    tokenizer = settings.tokenizer.partition(":")[0]
+    if tokenizer in _TOKENIZER_NEEDS:
+        needs.append((f"--budgetbench-tokenizer={tokenizer}:", _TOKENIZER_NEEDS[tokenizer]))
+    if settings.endpoint is None:
+        needs.append(("the embedded model (used when no endpoint is given)",
+                      _EMBEDDED_NEEDS))
+    for flag, value in (("--budgetbench-max-violation-rate", settings.max_violation_rate),
+                        ("--budgetbench-baseline", settings.baseline)):
+        if value is not None:
+            needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
+    missing: dict[str, tuple[str, str, str]] = {}  # the first need of each extra
+    found_all: list[Requirement] = []
+    for purpose, requirements in needs:
+        found = first_missing(requirements)
+        if found is not None:
+            missing.setdefault(found.extra, (found.package or found.module, found.extra, purpose))
+            found_all.append(found)
+    if missing:
+        first, *also = missing.values()
+        raise MissingDependency(*first, hint=Requirement.hint(found_all), also=also)
+
+
+_TOKENIZER_NEEDS = {"hf": (Requirement("transformers", "hf"),),
+                    "gguf": (Requirement("llama_cpp", "local", "llama-cpp-python"),)}
+_EMBEDDED_NEEDS = (Requirement("llama_cpp", "local", "llama-cpp-python"),)
+
+
+def _check_reference(settings: Settings, strategies: set[str]) -> None:
+    if not settings.reference:
+        return
+    strategy, budget = split_reference(settings.reference)
+    if strategy not in strategies and strategy not in settings.strategies:
+        raise ConfigError(
+            f"--budgetbench-reference={settings.reference} names no strategy of this "
+            f"sweep; use one of {', '.join(sorted(strategies))} (strategy@budget)"
+        )
+    if budget is not None and budget not in settings.budgets:
+        raise ConfigError(
+            f"--budgetbench-reference={settings.reference}: budget {budget} is not swept "
+            f"(--budgets={','.join(map(str, settings.budgets))}); pair against one of them"
+        )
+
+
+def _check_grader_variants(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
+    names = {cls.name or spec: cls for spec, cls in tasks.items()}
+    for task, variant in (settings.grader or {}).items():
+        if task not in names:
+            raise ConfigError(
+                f"--budgetbench-grader={task}:{variant}: task '{task}' is not in this sweep "
+                f"(--budgetbench-tasks={','.join(settings.tasks)})"
+            )
+        known = names[task].grader_variants
+        if variant not in known:
+            raise ConfigError(
+                f"--budgetbench-grader={task}:{variant}: task '{task}' has no grader variant "
+                f"'{variant}' (known: {', '.join(sorted(known)) or 'none'})"
+            )
+
+
+def _check_data_flags(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
+    """A data flag for a task the sweep does not run is a typo or a forgotten task; an ini
+    or environment value for one is not (a pytest.ini may list every task's data, and the
+    command line run a few), so it is ignored."""
+    swept = {cls.name or spec for spec, cls in tasks.items()}
+    for task in sorted(set(settings.data_flags) - swept):
+        raise ConfigError(
+            f"--budgetbench-data-{task} is given but task '{task}' is not in this sweep "
+            f"(--budgetbench-tasks={','.join(settings.tasks)}); add it, or drop the flag"
+        )
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"--budgetbench-out={out} is a file, not a directory; pass a directory for the "
+            "run records"
+        )
+    _check_writable("--budgetbench-out", out, directory=True)
+
+
+def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
+    """``path`` (a directory, or a file) could be written: the nearest existing directory
+    at or above it takes a file. Tried with an unnamed temporary file, which leaves
+    nothing behind (os.access says yes to root everywhere, /proc included)."""
+    ancestor = path if directory else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not _takes_a_file(ancestor):
+        raise ConfigError(
+            f"{flag}={path}: cannot be written ({ancestor} is not a writable directory); "
+            "pass a path you can write"
+        )
+
+
+def _takes_a_file(directory: Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
+
+
+def _check_embedding_model(settings: Settings) -> None:
+    from pytest_budgetbench.embeddings import DEFAULT_MODEL, resolve_model_path
+
+    if settings.embedding_model != DEFAULT_MODEL:
+        resolve_model_path(settings.embedding_model)  # ConfigError naming the model
+
+
+def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None:
+    """The data every task reads, the cells, and the baseline, before anything runs.
+
+    ``cells`` is the sweep's cell list (reading it loads every task's items, which raises
+    a DataError or ConfigError naming the file)."""
+    for task in catalog.names:
+        catalog.items(task)
+    _check_tool_strategies(settings, catalog)
+    check_not_empty(settings, cells)
+    _check_baseline(settings, cells)
+
+
+def _check_tool_strategies(settings: Settings, catalog: Catalog) -> None:
+    """A task whose items are an agent's (episodes, or tool calls in own data) runs only
+    with strategies that keep tool-call pairs whole: the others are refused here, in one
+    line, rather than on every cell."""
+    from pytest_budgetbench.strategies import tool_refusal
+    from pytest_budgetbench.tasks import EpisodicTask
+
+    agentic = [name for name in catalog.names
+               if isinstance(catalog.task(name), EpisodicTask)
+               or any(item.carries_tools for item in catalog.items(name))]
+    if not agentic:
+        return
+    for cls in strategy_classes(settings.strategies).values():
+        refusal = tool_refusal(cls)
+        if refusal is not None:
+            raise ConfigError(f"{refusal} (task '{agentic[0]}' is an agent's: its items "
+                              "carry tool calls)")
+
+
+def check_not_empty(settings: Settings, cells: list[Cell]) -> None:
+    """An empty shard is NothingToRun (exit 0, one line); an empty sweep is an error."""
+    if cells:
+        return
+    if settings.shard is not None:
+        index, count = settings.shard
+        raise NothingToRun(
+            f"budgetbench: shard {index}/{count} holds no item (the sweep has fewer items "
+            "than shards); nothing to run"
+        )
+    raise ConfigError("the sweep holds no cell: its tasks loaded no item")
+
+
+def _check_baseline(settings: Settings, cells: list[Cell]) -> None:
+    if settings.baseline is None:
+        return
+    from pytest_budgetbench.reports import check_baseline_comparable
+    from pytest_budgetbench.reports.report_json import (
+        BaselineError,
+        cell_records,
+        read_report_json,
+    )
+
+    path = Path(settings.baseline)
+    try:  # read once, here; the gate reads it again only at the end of the sweep
+        baseline = cell_records(read_report_json(path)).keys()
+    except (BaselineError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"--budgetbench-baseline={path}: {exc}; pass a previous run's report/report.json"
+        ) from None
+    planned = {(c.task, c.strategy_name or c.strategy, c.budget) for c in cells}
+    reasons = check_baseline_comparable(baseline, planned, source=path)
+    if reasons:
+        raise ConfigError(f"--budgetbench-baseline={path}: {reasons[0]}")
+
+
+def check_tokenizer(settings: Settings, endpoint: Endpoint) -> TokenCounter:
+    """Load the sweep's token counter and count once, so a missing file or a route the
+    endpoint lacks is one line now rather than an error in every cell. Returns the counter,
+    for this process's runner to count with."""
+    from pytest_budgetbench.engine.wiring import make_counter
+
+    try:
+        counter = make_counter(settings.tokenizer, endpoint, settings.api_key)
+        counter.count_messages([{"role": "user", "content": "probe"}])
+    except TokenizerError as exc:
+        raise ConfigError(f"--budgetbench-tokenizer={settings.tokenizer}: {exc}") from None
+    return counter

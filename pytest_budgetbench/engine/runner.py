@@ -1,0 +1,505 @@
+"""One cell, start to finish: reset the strategy, apply it, count, enforce, call the model,
+grade, record. The runner counts and enforces; strategies only propose prompts."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
+from pytest_budgetbench.engine.catalog import Catalog
+from pytest_budgetbench.engine.declared import strategy_values
+from pytest_budgetbench.engine.episode import EpisodeLoop, fill_row
+from pytest_budgetbench.errors import (
+    BudgetBenchError,
+    BudgetExceeded,
+    EndpointError,
+    RecordError,
+    RunStopping,
+    StrategyAborted,
+    StrategyError,
+    TokenizerError,
+)
+from pytest_budgetbench.messages import (
+    Message,
+    Tool,
+    check_messages,
+    check_tool_pairs,
+    private_copy,
+)
+from pytest_budgetbench.model.chat import ChatBackend, Completion
+from pytest_budgetbench.model.endpoint import Endpoint
+from pytest_budgetbench.model.structured import StructuredOutput
+from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
+from pytest_budgetbench.records.store import STRATEGY_FILES, CellRow, RunStore, Status
+from pytest_budgetbench.settings.cells import Cell
+from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.settings.workers import worker_id
+from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
+from pytest_budgetbench.tasks import EpisodicTask, Item, Task
+from pytest_budgetbench.tokens.counters import (
+    BudgetCheck,
+    TokenCounter,
+    prompt_sha256,
+    violation_message,
+)
+
+T = TypeVar("T")
+
+
+class Timer(Protocol):
+    """Times a cell's model work, once: its one call, or an agent episode as a whole
+    (pytest-benchmark's ``pedantic`` in a sweep: ``sweep_tests.ModelCallTimer``)."""
+
+    def __call__(self, work: Callable[[], T]) -> T: ...
+
+
+@dataclass
+class CellResult:
+    """What a cell produced; the ``budget_cell`` fixture returns one."""
+
+    cell: Cell
+    item: Item
+    row: CellRow
+    """The cell's record; also a read-only mapping (``result.row["counted_tokens"]``)."""
+    prompt: list[Message]
+    reference: bool
+    violation: str = ""
+
+    def __repr__(self) -> str:
+        # Short on purpose: a failed assertion in a budget_cell test prints this, and the
+        # full row and prompt would bury the line that matters.
+        quality = "-" if self.quality is None else f"{self.quality:.3f}"
+        return (f"<CellResult {self.cell.cell_id} {self.status} quality={quality} "
+                f"prediction={self.prediction!r}>")
+
+    @property
+    def status(self) -> Status:
+        return self.row.status
+
+    @property
+    def quality(self) -> float | None:
+        value = self.row.quality
+        return None if value is None else float(value)
+
+    @property
+    def prediction(self) -> str | None:
+        return self.row.prediction
+
+    @classmethod
+    def from_row(
+        cls, cell: Cell, item: Item, record: Mapping[str, Any], prompt: list[Message]
+    ) -> CellResult:
+        """The result a resumed run already recorded for this cell (any schema version)."""
+        row = CellRow.from_record(record)
+        violation = str(row.error or "") if row.status == Status.VIOLATION else ""
+        return cls(cell, item, row, prompt, bool(row.reference), violation)
+
+
+class Runner:
+    """Runs cells in one process; strategies, tasks and the counter are built once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        endpoint: Endpoint,
+        store: RunStore,
+        run_id: str,
+        tokens: TokenCounter,
+        chat: ChatBackend,
+        embedder_factory: Callable[[], Embedder] | None = None,
+        aux_chats: dict[str, ChatBackend] | None = None,
+        structured: Mapping[str, StructuredOutput] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.endpoint = endpoint
+        self.store = store
+        self.run_id = run_id
+        self.tokens = tokens
+        self.chat = chat
+        self.embedder_factory = embedder_factory
+        self.aux_chats = aux_chats or {}
+        self.structured = dict(structured or {})
+        """How each auxiliary model's endpoint takes a JSON schema, by label (``aux`` for
+        the sweep's own endpoint); a model without an entry is sent none."""
+        # Strategies keep per-item state, so each thread (--budgetbench-concurrency) has its own.
+        self._local = threading.local()
+        self._unread_calls_seen = False
+        """Whether a reply held tool calls as text that no parser reads: told once a run."""
+        self._seen_lock = threading.Lock()
+        self._stopping = threading.Event()
+        """Set by :meth:`stop`: cells running in threads end before their next call."""
+
+    def stop(self) -> None:
+        """End the cells running in other threads at their next model call, recording
+        nothing (Ctrl-C): the session exits in seconds, and a resume runs them."""
+        self._stopping.set()
+
+    def strategy(self, name: str) -> Strategy:
+        strategies: dict[str, Strategy] = self._local.__dict__.setdefault("strategies", {})
+        if name not in strategies:
+            strategies[name] = load_strategy(name)
+        return strategies[name]
+
+    def _forget_strategy(self, name: str) -> None:
+        """Drop a strategy instance whose apply() is still running in a timed-out thread:
+        the next cell builds a fresh one."""
+        self._local.__dict__.setdefault("strategies", {}).pop(name, None)
+
+    def _load(self, cell: Cell) -> Strategy:
+        """The cell's strategy; a constructor that raises is that cell's StrategyError."""
+        try:
+            return self.strategy(cell.strategy)
+        except BudgetBenchError:
+            raise
+        except Exception as exc:
+            raise StrategyError(
+                f"strategy '{cell.strategy_name or cell.strategy}' could not be built for "
+                f"cell {cell.cell_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    # -- the cell ----------------------------------------------------------------------
+    def run(
+        self, cell: Cell, timer: Timer | None = None, *, strategy: Strategy | None = None
+    ) -> CellResult:
+        """Run ``cell``; ``strategy``, when given, is the instance that runs it instead of
+        the one its name loads (training runs its own tier sampler through here)."""
+        task = self.catalog.task(cell.task)
+        item = self.catalog.items(cell.task)[cell.item_index]
+        row = self._base_row(cell, item)
+        context: StrategyContext | None = None
+        try:
+            strategy = strategy or self._load(cell)
+            self._describe(row, strategy, cell)
+            context = self._context(cell, item, strategy)
+            if isinstance(task, EpisodicTask):
+                return self._run_episode(cell, task, item, strategy, context, row, timer)
+            return self._run(cell, task, item, strategy, context, row, timer)
+        except (RecordError, RunStopping):
+            raise  # the row could not be written, or must not be: nothing more to record
+        except (BudgetBenchError, StrategyAborted) as exc:
+            if self._stopping.is_set():  # e.g. the stopped server broke the call in flight
+                raise RunStopping(f"cell {cell.cell_id} stopped with the session") from exc
+            # The test errors (or the run stops), but the cell still gets its one row.
+            if context is not None:
+                self._record_strategy(row, context)
+            row.status, row.error = Status.ERROR, str(exc)
+            self.store.write_row(row)
+            raise
+        finally:
+            self.tokens.save_counts()  # one transaction per cell for the counts it made
+            self._tell_unread_calls()
+
+    def _run(
+        self,
+        cell: Cell,
+        task: Task,
+        item: Item,
+        strategy: Strategy,
+        context: StrategyContext,
+        row: CellRow,
+        timer: Timer | None,
+    ) -> CellResult:
+        prompt, row.strategy_s, counted = self._apply(strategy, item, cell, context)
+        self._record_strategy(row, context)
+        sha = prompt_sha256(prompt, item.tools)
+        row.counted_tokens, row.prompt_sha256 = counted, sha
+        row.utilisation = round(counted / cell.budget, 4)
+        self._audit(cell, sha, prompt)
+        check = BudgetCheck(counted, cell.budget)
+        if not check.fits:
+            message = violation_message(cell.cell_id, strategy.name, check, self.tokens)
+            row.status, row.error = Status.VIOLATION, message
+            self.store.write_row(row)
+            return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
+
+        completion = self._call(prompt, timer, item.tools, self.settings.max_tokens)
+        grade = task.grade(item, completion.text)
+        row.status = Status.OK
+        row.prediction = completion.text
+        row.extracted = grade.extracted
+        row.quality = grade.quality
+        row.grader = grade.grader
+        row.model_s = round(completion.latency_s, 4)
+        row.cached = completion.cached
+        row.output_tokens = completion.completion_tokens
+        row.server_prompt_tokens = completion.prompt_tokens
+        row.token_count_match = (
+            None if completion.prompt_tokens is None else completion.prompt_tokens == counted
+        )
+        self.store.write_row(row)
+        exported = task.export(item, completion.text, cell.cell_id)
+        if exported is not None:
+            self.store.write_export(*exported)
+        return CellResult(cell, item, row, prompt, strategy.reference)
+
+    def _run_episode(
+        self,
+        cell: Cell,
+        task: EpisodicTask,
+        item: Item,
+        strategy: Strategy,
+        context: StrategyContext,
+        row: CellRow,
+        timer: Timer | None,
+    ) -> CellResult:
+        """An agent episode: the strategy builds, and the runner counts and enforces, the
+        prompt of every call (see :mod:`~pytest_budgetbench.engine.episode`)."""
+        environment = task.environment(item)
+        try:
+            self._as_strategy_error(strategy, cell, lambda: self._within_timeout(
+                lambda: strategy.reset(context), strategy, cell))
+            loop = EpisodeLoop(
+                environment, self.tokens, cell.budget, self.settings.max_calls,
+                build=lambda trajectory, tools: self._episode_prompt(
+                    strategy, cell, context, trajectory, tools),
+                send=lambda prompt, tools: self._call(
+                    prompt, None, tools, self.settings.agent_max_tokens),
+                describe_violation=lambda check, call: violation_message(
+                    f"{cell.cell_id} (call {call})", strategy.name, check, self.tokens),
+            )
+            episode = timer(loop.play) if timer is not None else loop.play()
+        finally:
+            environment.close()
+        self._record_strategy(row, context)
+        fill_row(row, episode)
+        if row.status != Status.VIOLATION:
+            grade = task.grade_trajectory(item, episode.trajectory)
+            row.status, row.quality = Status.OK, grade.quality
+            row.extracted, row.grader = grade.extracted, grade.grader
+        self.store.write_episode(episode.record(cell.cell_id, self.run_id))
+        self.store.write_row(row)
+        return CellResult(cell, item, row, episode.last_prompt, strategy.reference,
+                          violation=episode.violation)
+
+    def _episode_prompt(
+        self, strategy: Strategy, cell: Cell, context: StrategyContext,
+        trajectory: list[Message], tools: list[Tool],
+    ) -> tuple[list[Message], float, int]:
+        """One call's prompt: the strategy sees the trajectory so far (a private copy) and
+        a counter that counts the tools with every prompt."""
+        context.tools, context.tokens = tools, self.tokens.with_tools(tools)
+        return self._prompt_of(
+            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget), tools)
+
+    def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
+        """The strategy's own fields of the row; a strategy whose declarations cannot be
+        read fails its cell like one whose apply() raises."""
+        try:
+            row.strategy = strategy.name
+            row.regime = strategy.regime_label()
+            row.reference = bool(strategy.reference)
+        except Exception as exc:
+            raise StrategyError(
+                f"strategy '{row.strategy}' has unreadable declarations on cell "
+                f"{cell.cell_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _context(self, cell: Cell, item: Item, strategy: Strategy) -> StrategyContext:
+        aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id,
+                               structured=self.structured.get("aux"))
+        settings = self.settings
+        return StrategyContext(
+            tokens=self.tokens.with_tools(item.tools),
+            tools=list(item.tools),
+            item_id=f"{cell.task}/{item.item_id}",
+            seed=settings.seed,
+            aux=aux,
+            aux_models={name: aux.sibling(chat, name, self.structured.get(name))
+                        for name, chat in self.aux_chats.items()},
+            embedder_factory=self.embedder_factory,
+            work_dir=self.store.run_dir / STRATEGY_FILES,
+            options={"embedding_model": settings.embedding_model,
+                     **strategy_values(type(strategy), settings)},
+        )
+
+    def _apply(
+        self, strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
+    ) -> tuple[list[Message], float, int]:
+        """The strategy's prompt, the seconds it took, and the prompt's token count."""
+        return self._prompt_of(
+            strategy, cell, lambda: self._reset_and_apply(strategy, item, cell, context),
+            item.tools)
+
+    def _prompt_of(
+        self, strategy: Strategy, cell: Cell, work: Callable[[], object],
+        tools: Sequence[Tool],
+    ) -> tuple[list[Message], float, int]:
+        """The prompt ``work`` returns (run within the strategy's timeout), checked (chat
+        messages, tool-call pairs), the seconds it took, and its count with ``tools``."""
+        started = time.perf_counter()
+        produced_by = f"strategy '{strategy.name}'"
+
+        def checked() -> list[Message]:
+            prompt = check_messages(self._within_timeout(work, strategy, cell), produced_by)
+            try:
+                check_tool_pairs(prompt, produced_by)
+            except ValueError as exc:  # the message names the strategy and the pair
+                raise StrategyError(f"{exc} (cell {cell.cell_id})") from None
+            return prompt
+
+        prompt = self._as_strategy_error(strategy, cell, checked)
+        seconds = round(time.perf_counter() - started, 6)
+        # Counting is the runner's, but what it counts is the strategy's: a prompt the
+        # counter cannot read fails here, as the strategy's error.
+        counted = self._as_strategy_error(
+            strategy, cell, lambda: self.tokens.count_messages(prompt, tools))
+        return prompt, seconds, counted
+
+    @staticmethod
+    def _as_strategy_error(strategy: Strategy, cell: Cell, work: Callable[[], T]) -> T:
+        """``work()``; whatever it raises is the strategy's error, but for the endpoint's
+        or the counter's own failures."""
+        try:
+            return work()
+        except (EndpointError, StrategyError, TokenizerError):
+            raise
+        except BudgetExceeded as exc:
+            raise StrategyError(f"strategy '{strategy.name}' made an auxiliary call over budget: "
+                                f"{exc}") from exc
+        except Exception as exc:
+            raise StrategyError(
+                f"strategy '{strategy.name}' failed on cell {cell.cell_id}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    @staticmethod
+    def _reset_and_apply(
+        strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
+    ) -> object:
+        strategy.reset(context)
+        # A private copy: a strategy that mutates its input must not corrupt later cells.
+        return strategy.apply(private_copy(item.messages), cell.budget)
+
+    def _within_timeout(
+        self, work: Callable[[], object], strategy: Strategy, cell: Cell
+    ) -> object:
+        """Run a strategy's work in a daemon thread and wait at most
+        --budgetbench-strategy-timeout. A hung strategy cannot be stopped from outside, so
+        its thread is left behind and its instance forgotten; the sweep goes on."""
+        limit = self.settings.strategy_timeout
+        outcome: list[object] = []
+        failure: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                outcome.append(work())
+            except BaseException as exc:  # re-raised in the cell's own thread below
+                failure.append(exc)
+
+        worker = threading.Thread(target=target, name=f"budgetbench-{cell.cell_id}",
+                                  daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            self._forget_strategy(cell.strategy)
+            raise StrategyError(
+                f"strategy '{strategy.name}' timed out on cell {cell.cell_id} after {limit:g} s "
+                "(--budgetbench-strategy-timeout); its cell is an error, the sweep goes on"
+            )
+        if failure and isinstance(failure[0], (SystemExit, KeyboardInterrupt)):
+            exc = failure[0]
+            raise StrategyAborted(
+                f"strategy '{strategy.name}' raised {type(exc).__name__}"
+                f"({', '.join(map(repr, exc.args))}) on cell {cell.cell_id}; the run stops here"
+            ) from exc
+        if failure:
+            raise failure[0]
+        return outcome[0]
+
+    def _call(self, prompt: list[Message], timer: Timer | None, tools: Sequence[Tool],
+              max_tokens: int) -> Completion:
+        if self._stopping.is_set():
+            raise RunStopping("the session is stopping: no more model calls")
+
+        def call() -> Completion:
+            return self.chat.complete(prompt, max_tokens=max_tokens, tools=tools or None)
+
+        completion = timer(call) if timer is not None else call()
+        self._look_for_unread_calls(completion, tools)
+        return completion
+
+    def _look_for_unread_calls(self, completion: Completion, tools: Sequence[Tool]) -> None:
+        """Keep a note, the first time in the run, of a reply whose text holds calls to the
+        request's tools while its ``tool_calls`` is empty and no parser reads text: the
+        call is taken for the final answer (an episode ends after it, graded 0), and
+        nothing else says why. The note is told as the cell ends (:meth:`run`)."""
+        if self._unread_calls_seen or not tools or completion.tool_calls:
+            return
+        if parser_for(self.settings.tool_parser, self.endpoint.embedded) != "none":
+            return  # a parser read the text already and found no call
+        if not parse_tool_calls(completion.text, tools).tool_calls:
+            return
+        with self._seen_lock:
+            first, self._unread_calls_seen = not self._unread_calls_seen, True
+        if first:
+            self._local.unread_calls = True
+
+    def _tell_unread_calls(self) -> None:
+        """The note :meth:`_look_for_unread_calls` kept in this thread, as a warning (in
+        pytest's warnings summary; its text is the same in every xdist worker, so pytest
+        shows it once). Told after the cell's row, which an error-raising filter
+        (``-W error``) must not cost."""
+        if not self._local.__dict__.pop("unread_calls", False):
+            return
+        warnings.warn(unread_calls_note(self.endpoint), stacklevel=2)
+
+    def _audit(self, cell: Cell, sha: str, prompt: list[Message]) -> None:
+        mode = self.settings.audit
+        if mode != "off":
+            self.store.write_prompt(cell.cell_id, sha, prompt if mode == "full" else None)
+
+    @staticmethod
+    def _record_strategy(row: CellRow, context: StrategyContext) -> None:
+        """The strategy's auxiliary calls (every named model's) and its own notes."""
+        assert isinstance(context.aux, RecordedAuxModel)
+        calls = context.aux.calls
+        row.aux_calls = [call.row() for call in calls]
+        row.aux_input_tokens = sum(c.input_tokens for c in calls)
+        row.aux_output_tokens = sum(c.output_tokens or 0 for c in calls)
+        row.aux_s = round(sum(c.latency_s for c in calls), 4)
+        row.aux_failures = context.aux_failures
+        row.strategy_info = context.info or None
+
+    def _base_row(self, cell: Cell, item: Item) -> CellRow:
+        """The row before the cell runs: who, what and where; the outcome fields start
+        empty and status "error", so a cell that dies half-way still records as errored."""
+        return CellRow(
+            run_id=self.run_id,
+            cell_id=cell.cell_id,
+            task=cell.task,
+            item_id=item.item_id,
+            category=item.category,
+            gold=item.answer,  # the viewer and diff show it beside the reply
+            strategy=cell.strategy_name or cell.strategy,  # the strategy's own, once built
+            budget=cell.budget,
+            repeat=cell.repeat,
+            model=self.endpoint.model,
+            endpoint=self.endpoint.label,
+            server_flags=self.endpoint.server_flags,
+            tokenizer=self.tokens.name,
+            tokenizer_exact=self.tokens.exact,
+            grader=self.catalog.task(cell.task).grader_id,
+            seed=self.settings.seed,
+            worker=worker_id(),
+            time=round(time.time(), 3),
+        )
+
+
+def unread_calls_note(endpoint: Endpoint) -> str:
+    """The warning for replies that hold tool calls as text no parser reads."""
+    return (
+        f"replies of model {endpoint.model!r} at {endpoint.label} hold tool calls as text "
+        "(e.g. <tool_call> blocks) with tool_calls empty, and no tool-call parser reads "
+        "text for this endpoint (the default, auto, reads it for the embedded model only): "
+        "each such call is read as the final answer, so an agent episode ends at its "
+        "first call; to read them, pass --budgetbench-tool-parser=hermes, or have the "
+        "server return its calls in tool_calls"
+    )

@@ -1,0 +1,1 @@
+"""Settings: the options' values, the task grammar, shards and the registries."""

@@ -1,0 +1,1 @@
+"""Token counters: a prompt counted as the model will see it."""
