@@ -419,8 +419,12 @@ def test_ctrl_c_starts_no_model_call_and_leaves_the_episodes_in_flight_for_the_r
                            "--budgetbench-strategies=full_context",
                            "--budgetbench-concurrency=2")]
     try:
+        # A shell's background job (CI may start this suite as one) ignores SIGINT, and
+        # the child would inherit that: give it the default action that Ctrl-C meets.
         process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+                                   stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                    signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and len(agent.requests) < 2:
