@@ -12,11 +12,11 @@ the share of calls whose tool calls the tool-call parser read from text.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 from pathlib import Path
 
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.reports.builder import compute_report
 
 
@@ -27,14 +27,10 @@ def _f(value: float, spec: str) -> str:
 
 def parsed_share(run_dir: Path) -> str:
     calls = parsed = 0
-    for line in (run_dir / "episodes.jsonl").read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        sent = [c for c in record["calls"] if c.get("cached") is not None]
+    for episode in RunStore(run_dir).episodes().values():  # the last record of each cell
+        sent = [c for c in episode.calls if c.cached is not None]
         calls += len(sent)
-        parsed += sum(1 for c in sent if c.get("parsed_tool_calls"))
+        parsed += sum(1 for c in sent if c.parsed_tool_calls)
     return f"{parsed} of {calls} sent calls had tool calls read from text"
 
 
@@ -42,8 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args()
-    rows = [json.loads(line) for line in (args.run_dir / "cells.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows = RunStore(args.run_dir).rows()
     seconds: dict[tuple[str, int], float] = {}
     for row in rows:
         key = (row["strategy"], int(row["budget"]))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, Any]
@@ -27,6 +28,16 @@ Message = dict[str, Any]
 Tool = dict[str, Any]
 """One tool in the OpenAI format: ``{"type": "function", "function": {"name": ...,
 "description": ..., "parameters": {JSON schema}}}``."""
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A JSON schema a reply should follow, with the name the endpoint sees: a strategy
+    passes one with an auxiliary call, and the endpoint gets it in the form it takes
+    (:mod:`~pytest_budgetbench.model.structured`)."""
+
+    name: str
+    schema: Mapping[str, Any] = field(hash=False)
 
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 

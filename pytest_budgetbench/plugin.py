@@ -164,6 +164,11 @@ class SweepPlugin:
         if self.progress is None and self.controller:
             self._expect_ids([i for i in ids if nodeids.is_cell_nodeid(i)])
 
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        # At once, not at unconfigure: the summary and the report come first, and cells
+        # running in threads would go on calling the model meanwhile.
+        self.session.interrupt()
+
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._restore_sigterm()
         self.session.stop()

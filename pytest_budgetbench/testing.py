@@ -54,6 +54,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pytest_budgetbench.engine.calls import CallSite, budgeted_call
+from pytest_budgetbench.errors import BudgetExceeded
 from pytest_budgetbench.messages import (
     Message,
     Tool,
@@ -63,34 +65,44 @@ from pytest_budgetbench.messages import (
     split_ends,
     text_of,
 )
+from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
-from pytest_budgetbench.tokens.counters import ApproxCounter, BudgetCheck, TokenCounter, enforce
+from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter
 
 
 class EchoAuxModel:
     """A deterministic stand-in for the auxiliary model: replies with the first words of
-    the prompt's last message. Its prompts are held to the budget like the runner's."""
+    the prompt's last message. Its prompts are held to the budget by the runner's own
+    budgeted call; ``strategy`` is what a violation calls the strategy."""
 
-    def __init__(self, tokens: TokenCounter, budget: int) -> None:
+    def __init__(self, tokens: TokenCounter, budget: int, strategy: str = "under test") -> None:
         self.tokens = tokens
         self.budget = budget
+        self.strategy = strategy
         self.calls = 0
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
                  schema: Schema | None = None) -> str:
         """``schema`` is taken and ignored, as by an endpoint that takes none."""
-        check = BudgetCheck(self.tokens.count_messages(messages), self.budget)
-        enforce(f"conformance (auxiliary call '{purpose}')", purpose, check, self.tokens)
+        site = CallSite("conformance", self.strategy, purpose=purpose)
+        outcome = budgeted_call(site, messages, budget=self.budget, tokens=self.tokens,
+                                send=lambda: self._echo(messages, max_tokens))
+        if outcome.completion is None:
+            raise BudgetExceeded(outcome.violation)
         self.calls += 1
+        return outcome.completion.text
+
+    def _echo(self, messages: Sequence[Message], max_tokens: int) -> Completion:
         words = text_of(messages[-1]).split() if messages else []
         reply: list[str] = []
         for word in words:
             if self.tokens.count_text(" ".join([*reply, word])) > max_tokens:
                 break
             reply.append(word)
-        return " ".join(reply)
+        return Completion(" ".join(reply), prompt_tokens=None, completion_tokens=None,
+                          latency_s=0.0)
 
 
 class HashingEmbedder:
@@ -316,7 +328,7 @@ def check_strategy(
     @given(messages=histories(), slack=st.one_of(st.integers(0, 8), st.integers(0, 3000)))
     def run(messages: list[Message], slack: int) -> None:
         budget = floor_tokens(counter, messages) + slack
-        _check_one(make, messages, budget, counter, context_factory)
+        _check_calls(make, messages, budget, counter, context_factory)
 
     run()
     if make().handles_tools:
@@ -341,50 +353,37 @@ def check_agent_episodes(
            slack=st.one_of(st.integers(0, 8), st.integers(0, 400), st.integers(0, 3000)))
     def run(messages: list[Message], slack: int) -> None:
         budget = agent_floor(counter, messages) + slack
-        _check_episode(make, messages, budget, counter, context_factory)
+        _check_calls(make, messages, budget, counter, context_factory, episode=True)
 
     run()
 
 
-def _check_episode(
+def _check_calls(
     factory: Callable[[], Strategy],
     messages: list[Message],
     budget: int,
     counter: TokenCounter,
     context_factory: Callable[[TokenCounter, int], StrategyContext],
+    *,
+    episode: bool = False,
 ) -> None:
-    """One episode, the strategy called at every call point with the trajectory so far."""
+    """The strategy applied to ``messages`` (an ``episode``: at every call point, to the
+    trajectory so far), each output checked, then again after a reset: it mutates no input
+    and gives the same outputs."""
     strategy = factory()
     pristine = copy.deepcopy(messages)
+    prompts = [messages[:end] for end in call_points(messages)] if episode else [messages]
+    check = check_agent_output if episode else check_output
     strategy.reset(context_factory(counter, budget))
     outputs = []
-    for end in call_points(messages):
-        output = strategy.apply(messages[:end], budget)
-        check_agent_output(strategy, messages[:end], budget, output, counter)
+    for prompt in prompts:
+        output = strategy.apply(prompt, budget)
+        assert messages == pristine, f"'{strategy.name}' mutated its input"
+        check(strategy, prompt, budget, output, counter)
         outputs.append(output)
-    assert messages == pristine, f"'{strategy.name}' mutated its input"
     strategy.reset(context_factory(counter, budget))
-    again = [strategy.apply(copy.deepcopy(pristine[:end]), budget)
-             for end in call_points(pristine)]
-    assert again == outputs, f"'{strategy.name}' gave different outputs after reset"
-
-
-def _check_one(
-    factory: Callable[[], Strategy],
-    messages: list[Message],
-    budget: int,
-    counter: TokenCounter,
-    context_factory: Callable[[TokenCounter, int], StrategyContext],
-) -> None:
-    strategy = factory()
-    pristine = copy.deepcopy(messages)
-    strategy.reset(context_factory(counter, budget))
-    first = strategy.apply(messages, budget)
-    assert messages == pristine, f"'{strategy.name}' mutated its input"
-    check_output(strategy, messages, budget, first, counter)
-    strategy.reset(context_factory(counter, budget))
-    second = strategy.apply(copy.deepcopy(pristine), budget)
-    assert first == second, f"'{strategy.name}' gave a different output after reset"
+    again = [strategy.apply(copy.deepcopy(prompt), budget) for prompt in prompts]
+    assert again == outputs, f"'{strategy.name}' gave a different output after reset"
 
 
 __all__: list[Any] = [

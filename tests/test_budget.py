@@ -9,17 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
+from pytest_budgetbench.engine.calls import BudgetCheck, CallOutcome, CallSite, budgeted_call
 from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.tokens.counters import (
     IMAGE_TOKENS,
     ApproxCounter,
-    BudgetCheck,
     GGUFCounter,
     HFCounter,
     ServerCounter,
     TokenCounter,
-    enforce,
 )
 from tests.fake_openai import FakeOpenAI, returning_within
 
@@ -76,28 +77,83 @@ def test_budget_check(counted: int, budget: int, fits: bool, excess: int) -> Non
     assert check.excess == excess
 
 
-def test_enforce_passes_a_fitting_prompt() -> None:
-    assert enforce("c1", "truncation", BudgetCheck(10, 10), ApproxCounter()) is None
+REPLY = Completion("ok", prompt_tokens=10, completion_tokens=1, latency_s=0.5)
 
 
-def test_enforce_raises_with_the_figures_approx() -> None:
+def _never_sent() -> Completion:
+    raise AssertionError("a prompt over budget was sent")
+
+
+def _call(site: CallSite, counted: int, budget: int, counter: TokenCounter) -> CallOutcome:
+    return budgeted_call(site, [], budget=budget, tokens=counter, counted=counted,
+                         send=_never_sent if counted > budget else lambda: REPLY)
+
+
+def test_a_fitting_prompt_is_sent() -> None:
+    outcome = _call(CallSite("c1", "truncation"), 10, 10, ApproxCounter())
+    assert (outcome.completion, outcome.violation, outcome.counted_tokens) == (REPLY, "", 10)
+
+
+def test_a_prompt_over_budget_is_not_sent_and_its_message_has_the_figures() -> None:
+    outcome = _call(CallSite("memory/0001@512", "greedy"), 600, 512, ApproxCounter())
+    assert outcome.completion is None and outcome.cached is None
+    assert outcome.violation == (
+        "cell memory/0001@512 would send 600 prompt tokens (budget 512, tokenizer "
+        "approx-chars/4 approx); strategy 'greedy' exceeded by 88")
+
+
+def test_a_violation_names_an_exact_counter() -> None:
+    outcome = _call(CallSite("c2", "s"), 2049, 2048, WordCounter())
+    assert "words exact" in outcome.violation
+    assert "approx" not in outcome.violation
+    assert "exceeded by 1" in outcome.violation
+
+
+def test_an_episode_violation_names_the_call() -> None:
+    outcome = _call(CallSite("agent-0000-rag-512", "rag", call=3), 600, 512, ApproxCounter())
+    assert outcome.violation.startswith("cell agent-0000-rag-512 (call 3) would send 600 ")
+    assert outcome.violation.endswith("; strategy 'rag' exceeded by 88")
+
+
+def test_the_budgeted_call_counts_a_prompt_not_counted_yet() -> None:
+    counter = WordCounter()
+    prompt: list[Message] = [{"role": "user", "content": "one two three"}]
+    outcome = budgeted_call(CallSite("c3", "s"), prompt, budget=5, tokens=counter,
+                            send=_never_sent)
+    assert outcome.counted_tokens == counter.count_messages(prompt) == 6
+    assert "exceeded by 1" in outcome.violation
+
+
+class _RecordingChat:
+    def __init__(self) -> None:
+        self.sent: list[Sequence[Message]] = []
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None,
+                 response_format: object = None) -> Completion:
+        self.sent.append(messages)
+        return REPLY
+
+
+def test_an_auxiliary_violation_names_the_strategy_and_the_purpose() -> None:
+    """The strategy that made the call is named as the strategy, its purpose as the call's
+    (it was once named as the strategy too); nothing is sent, and pytest sees a failure."""
+    chat = _RecordingChat()
+    counter = WordCounter()
+    aux = RecordedAuxModel(chat, counter, 5, "memory-0001-summary_buffer-5",
+                           strategy="summary_buffer")
     with pytest.raises(BudgetExceeded) as info:
-        enforce("memory/0001@512", "greedy", BudgetCheck(600, 512), ApproxCounter())
+        aux.complete([{"role": "user", "content": "one two three"}], max_tokens=8,
+                     purpose="summary")
     assert isinstance(info.value, AssertionError)
-    message = str(info.value)
-    for part in ("memory/0001@512", "600", "512", "approx-chars/4", "approx", "greedy", "88"):
-        assert part in message
-    assert "exceeded by 88" in message
-    assert "exact" not in message
-
-
-def test_enforce_names_an_exact_counter() -> None:
-    with pytest.raises(AssertionError) as info:  # pytest reports it as a failure
-        enforce("c2", "s", BudgetCheck(2049, 2048), WordCounter())
-    message = str(info.value)
-    assert "words exact" in message
-    assert "approx" not in message
-    assert "exceeded by 1" in message
+    assert str(info.value) == (
+        "cell memory-0001-summary_buffer-5 (auxiliary call 'summary') would send 6 prompt "
+        "tokens (budget 5, tokenizer words exact); strategy 'summary_buffer' exceeded by 1")
+    assert chat.sent == [] and aux.calls == []
+    sibling = aux.sibling(chat, "small")
+    with pytest.raises(BudgetExceeded, match="strategy 'summary_buffer' exceeded"):
+        sibling.complete([{"role": "user", "content": "one two three"}], max_tokens=8,
+                         purpose="summary")
 
 
 def test_counter_caches_per_message_and_text_counts() -> None:

@@ -8,6 +8,7 @@ runs, but it still ties the two modules together for whoever reads or moves them
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,12 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first, a package per layer: what a cell passes through, from the bottom up. A
 # module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("messages", "errors", "redact", "lexicon", "options"),
+    ("messages", "errors", "redact", "lexicon", "options", "canonical"),
     ("settings", "records"),
     ("model", "tokens", "embedded", "embeddings"),
-    ("tasks", "strategies", "reports", "testing"),
-    ("engine",),
+    ("tasks", "strategies", "reports"),
+    # testing holds its stand-in auxiliary model to the budget through engine.calls.
+    ("engine", "testing"),
     ("commands",),
     ("pytest_face",),
     ("plugin",),
@@ -144,6 +146,52 @@ def _cycle() -> list[str] | None:
 def test_no_import_cycle() -> None:
     cycle = _cycle()
     assert cycle is None, " -> ".join(cycle or [])
+
+
+MAX_FLOORS = 12
+"""The most modules one import chain may pass through, importer and bottom included: a
+change in the bottom module of a chain reaches every module above it, and a reader follows
+a chain floor by floor (issue 32)."""
+
+
+def _longest_chain() -> list[str]:
+    """The longest import chain, from its importer down; a module's import of its own parent
+    package is left out, as in :func:`_cycle` (a cycle would cut a chain short here, and
+    :func:`test_no_import_cycle` reports it)."""
+    longest: dict[str, list[str]] = {}
+    visiting: set[str] = set()
+
+    def chain(module: str) -> list[str]:
+        if module in longest:
+            return longest[module]
+        if module in visiting:
+            return [module]
+        visiting.add(module)
+        below = [chain(target) for target in sorted(GRAPH.get(module, ()))
+                 if target and not module.startswith(target + ".")]
+        visiting.discard(module)
+        longest[module] = [module, *max(below, key=len, default=[])]
+        return longest[module]
+
+    return max((chain(module) for module in sorted(GRAPH)), key=len, default=[])
+
+
+def test_the_import_graph_is_at_most_12_floors_deep() -> None:
+    chain = _longest_chain()
+    assert len(chain) <= MAX_FLOORS, (
+        f"{len(chain)} floors (at most {MAX_FLOORS}): {' -> '.join(chain)}; cut a floor where "
+        "an import is only for a type or a helper that can live lower"
+    )
+
+
+def test_the_floor_count_sees_a_long_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain planted through lazy imports is measured whole, a package's own __init__
+    not counted as a floor below its submodules."""
+    planted = [f"engine.planted{i}" for i in range(MAX_FLOORS)]
+    for importer, imported in pairwise(planted):
+        monkeypatch.setitem(GRAPH, importer, {imported, "engine"})
+    monkeypatch.setitem(GRAPH, planted[-1], {"errors"})
+    assert _longest_chain() == [*planted, "errors"]
 
 
 def test_known_offenders_are_still_there() -> None:

@@ -15,15 +15,12 @@ import pytest
 
 from pytest_budgetbench.errors import RecordError
 from pytest_budgetbench.records import store as records
+from pytest_budgetbench.records.rows import ROW_FIELDS, SCHEMA_VERSION, CellRow, Status
 from pytest_budgetbench.records.store import (
     CELLS_FILE,
     PROMPTS_FILE,
-    ROW_FIELDS,
     RUN_FILE,
-    SCHEMA_VERSION,
-    CellRow,
     RunStore,
-    Status,
     append_jsonl,
     read_jsonl,
 )
@@ -350,3 +347,103 @@ def test_rows_are_written_without_known_secrets(tmp_path: Path) -> None:
         forget_secrets()
     assert "sk-plantedKEY0000111" not in text and "u:pw" not in text and "key=abc" not in text
     assert "https://example.com/q?page=2" in text  # data, not a credential: kept
+
+
+# -- one owner per format: readers take the fields from the records package ----------------
+
+READERS = ("reports/viewer.py", "reports/load.py", "commands/regrade.py")
+MOST_NAMED_FIELDS = 8
+"""A literal collection naming more row fields than this outside records/ is a second list
+of the schema (the viewer's 27 page keys and the loader's 13 numeric fields were)."""
+
+
+def test_the_viewer_and_the_loader_take_their_field_lists_from_the_schema() -> None:
+    from pytest_budgetbench.records import episodes, rows
+    from pytest_budgetbench.reports import load, viewer
+
+    assert viewer.PAGE_KEYS is rows.PAGE_KEYS and viewer.CALL_PAGE_KEYS is episodes.CALL_PAGE_KEYS
+    assert load.CELL_KEY is rows.CELL_KEY and load.MEASURES is rows.MEASURES
+    assert load.CATEGORICAL is rows.CATEGORICAL
+    assert set(rows.PAGE_KEYS) | set(load.REPORT_FIELDS) | set(viewer._CLIPPED) <= set(ROW_FIELDS)
+    assert set(episodes.CALL_PAGE_KEYS) <= set(episodes.CALL_FIELDS)
+    for keys in (rows.PAGE_KEYS, episodes.CALL_PAGE_KEYS):  # one page key per field
+        assert len(set(keys.values())) == len(keys)
+    assert rows.CELL_KEY == ("task", "item_id", "strategy", "budget", "repeat")
+
+
+def test_the_viewer_shows_every_page_field_of_a_row_under_its_key() -> None:
+    from pytest_budgetbench.records.rows import PAGE_KEYS
+    from pytest_budgetbench.reports.viewer import _entry
+
+    row = {name: f"v-{name}" for name in ROW_FIELDS}
+    entry = _entry(row, cell=0, repeat=0)
+    assert {key: entry[key] for key in PAGE_KEYS.values()} == {
+        key: f"v-{name}" for name, key in PAGE_KEYS.items()}
+    assert set(entry) == {"c", "r", *PAGE_KEYS.values()}  # no other field of a row
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_no_reader_parses_records_by_pattern_or_keeps_a_list_of_row_fields(reader: str) -> None:
+    import ast
+
+    import pytest_budgetbench
+
+    path = Path(pytest_budgetbench.__file__).parent / reader
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    assert "re" not in imported, f"{reader} reads records with regular expressions"
+    fields = set(ROW_FIELDS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            named = [item.value for item in items
+                     if isinstance(item, ast.Constant) and item.value in fields]
+            assert len(named) <= MOST_NAMED_FIELDS, (
+                f"{reader}:{node.lineno} lists {len(named)} row fields ({', '.join(named)}); "
+                "take them from pytest_budgetbench.records.rows")
+
+
+def test_a_per_cell_file_gives_the_records_of_the_cells_asked_for(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.write_prompt("a", "1" * 64, [{"role": "user", "content": "x" * 10_000}])
+    store.write_prompt('b "quoted" \u00e9', "2" * 64, None)
+    with store.prompts_path.open("a") as handle:
+        handle.write('{"prompt_sha256": "3", "cell_id": "c"}\n')  # cell_id not first: parsed
+        handle.write('{"cell_id": "a", "prompt_sha\n')  # torn
+    store.write_prompt("a", "4" * 64, None)  # a resumed cell's second record
+    assert [(p.cell_id, p.prompt_sha256) for p in store.prompts_of({"a"})] == [
+        ("a", "1" * 64), ("a", "4" * 64)]
+    (quoted,) = store.prompts_of({'b "quoted" \u00e9', "z"})
+    assert quoted.messages is None and quoted.prompt_sha256 == "2" * 64
+    assert [p.cell_id for p in store.prompts_of({"c"})] == ["c"]
+    assert list(store.prompts_of(set())) == []
+
+
+def test_an_episode_record_reads_back_as_written_and_a_damaged_one_is_skipped(
+    tmp_path: Path,
+) -> None:
+    from pytest_budgetbench.records.episodes import CallRecord, EpisodeRecord
+
+    call = CallRecord(call=1, seen=1, prompt=[{"t": 0}, {"m": {"role": "user", "content": "s"}}],
+                      tools=0, counted_tokens=7, prompt_sha256="f" * 64, cached=False)
+    episode = EpisodeRecord(cell_id="e1", run_id="r", ended="done",
+                            trajectory=[{"role": "user", "content": "q"}], calls=[call])
+    store = RunStore(tmp_path)
+    store.write_episode(episode)
+    with store.episodes_path.open("a") as handle:
+        handle.write(json.dumps({"cell_id": "e2", "trajectory": "not a list", "calls": []}) + "\n")
+    assert store.episodes() == {"e1": episode}
+    assert list(call.prompt_parts()) == [0, {"role": "user", "content": "s"}]
+    assert list(store.episodes_of({"e2"})) == []
+
+
+def test_run_info_is_read_back_and_a_run_without_one_has_none(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run")
+    assert store.run_info() is None and not store.has_run_info()
+    store.write_run_info({"started": 1.5})
+    assert store.run_info() == {"started": 1.5}
+    assert RunStore.of(store.cells_path.parent).run_info() == {"started": 1.5}
+    store.run_info_path.write_text("{not json")
+    with pytest.raises(ValueError):
+        store.run_info()

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE, Status
+from pytest_budgetbench.records.rows import Status
+from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.synthetic import (
     make_row,
@@ -23,8 +24,8 @@ from pytest_budgetbench.reports.synthetic import (
     write_prompts,
     write_run,
 )
-from pytest_budgetbench.reports.viewer import Side, ViewerCell, page_json, viewer_data
-from pytest_budgetbench.reports.viewer_page import script_csp_source, script_text
+from pytest_budgetbench.reports.viewer import Side, ViewerCell, viewer_data
+from pytest_budgetbench.reports.viewer_page import page_json, script_csp_source, script_text
 
 pytest.importorskip("pandas")
 

@@ -336,4 +336,4 @@ def test_train_router_rejects_bad_sizes(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train-router", "--episodes", "0"])
     assert exit_info.value.code == 2
-    assert "--episodes: expected a positive integer, got 0" in capsys.readouterr().err
+    assert "--episodes: must be a positive integer (got '0')" in capsys.readouterr().err

@@ -377,7 +377,8 @@ def test_condenser_calls_are_budgeted_and_recorded_by_the_runners_aux_model() ->
     tokens = counter()
     messages = episode(steps=12, size=900)
     budget = tokens.count_messages(messages) // 3
-    aux = RecordedAuxModel(_EchoChat(), tokens, budget, "agent-0000-condenser-1000")
+    aux = RecordedAuxModel(_EchoChat(), tokens, budget, "agent-0000-condenser-1000",
+                           strategy="condenser")
     strategy = Condenser()
     strategy.reset(StrategyContext(tokens=tokens, tools=TOOLS, aux=aux))
     for end in call_points(messages):

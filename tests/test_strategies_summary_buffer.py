@@ -125,7 +125,7 @@ def test_real_model_summaries_are_recorded_and_within_budget(
     server.start()
     try:
         aux = RecordedAuxModel(ChatModel(server.base_url, SMOLLM2.alias), gguf, 256,
-                               "memory-0000-summary_buffer-256")
+                               "memory-0000-summary_buffer-256", strategy="summary_buffer")
         prompt = run_strategy(SummaryBuffer(), list(item.messages), 256, gguf, aux=aux)
     finally:
         server.stop()

@@ -135,7 +135,8 @@ def test_a_chosen_form_is_not_probed(fake: FakeOpenAI, setting: Any, form: str) 
 def aux_of(fake: FakeOpenAI, setting: Any) -> RecordedAuxModel:
     chat = chat_of(fake)
     structured = StructuredOutput(setting, chat, identity="x", model=fake.model)
-    return RecordedAuxModel(chat, ApproxCounter(), 1000, "cell", structured=structured)
+    return RecordedAuxModel(chat, ApproxCounter(), 1000, "cell", strategy="s",
+                            structured=structured)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.commands.cli import main
-from pytest_budgetbench.engine.session import run_definition, started_at
+from pytest_budgetbench.engine.resume import run_definition, started_at
 from pytest_budgetbench.records import definition
 from pytest_budgetbench.settings.config import Settings
 from tests.fake_openai import FakeOpenAI, agent_responder

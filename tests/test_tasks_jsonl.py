@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.engine.declared import resolve_values
 from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.messages import as_sent
+from pytest_budgetbench.options import resolve_values
 from pytest_budgetbench.settings.task_grammar import parse_task_definition, split_top_level
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx

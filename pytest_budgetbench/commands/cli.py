@@ -10,12 +10,12 @@ unreadable records.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pytest_budgetbench.engine.arguments import from_option
+from pytest_budgetbench.engine.arguments import argument_type, from_option
+from pytest_budgetbench.options import non_negative
 
 EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -89,6 +89,7 @@ def _unjudgeable_margin(test: str, margin: float | None, margin_flag: str) -> st
 def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
     from pytest_budgetbench.errors import BudgetBenchError
+    from pytest_budgetbench.records.store import RunStore
     from pytest_budgetbench.reports import Prices, build_report, violation_gate
     from pytest_budgetbench.reports.gates import regression_findings
     from pytest_budgetbench.reports.load import require_rows
@@ -100,7 +101,7 @@ def run_report(args: argparse.Namespace) -> int:
     if unjudgeable:
         return _usage(unjudgeable)
     prices = None if args.price_in is None else Prices(args.price_in, args.price_out)
-    out = args.out or (args.run_dirs[0] / "report" if len(args.run_dirs) == 1
+    out = args.out or (RunStore(args.run_dirs[0]).report_dir if len(args.run_dirs) == 1
                        else Path("budgetbench-report"))
     try:
         for run_dir in args.run_dirs:
@@ -155,7 +156,7 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                         help="what is printed (default: text)")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="also write diff.md, diff.json and diff.html here")
-    parser.add_argument("--fail-on-regression", type=_non_negative, metavar="D",
+    parser.add_argument("--fail-on-regression", type=argument_type(non_negative), metavar="D",
                         help="exit 1 when a cell's paired quality change fails the regression "
                         "test with margin D (see --regression-test)")
     add_regression_test_argument(parser)
@@ -164,16 +165,6 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument("--seed", **from_option("seed", metavar="S",
                                                 help="bootstrap seed (default: 0)"))
     parser.set_defaults(handler=run_diff)
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (got {text!r})")
-    return value
 
 
 def run_diff(args: argparse.Namespace) -> int:

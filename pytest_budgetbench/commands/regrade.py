@@ -28,12 +28,12 @@ from typing import Any
 from pytest_budgetbench.engine.catalog import make_task
 from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.records.definition import same_gold, show
+from pytest_budgetbench.records.episodes import EpisodeRecord
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.records.store import (
     CELLS_FILE,
     EPISODES_FILE,
-    RUN_FILE,
     RunStore,
-    Status,
     append_jsonl,
     read_jsonl,
 )
@@ -86,16 +86,16 @@ def regrade_run(
     if not cells.is_file():
         raise DataError(f"regrade: no {CELLS_FILE} in {run_dir}: pass a run directory "
                         "(<out>/<run_id>) or its cells.jsonl")
-    source = cells.parent
-    out = out_dir or source / DEFAULT_OUT
-    if (out / CELLS_FILE).exists():
-        raise ConfigError(f"regrade: {out / CELLS_FILE} already exists; pass --out to a new "
+    source = RunStore(cells.parent)
+    out = RunStore(out_dir or source.run_dir / DEFAULT_OUT)
+    if out.cells_path.exists():
+        raise ConfigError(f"regrade: {out.cells_path} already exists; pass --out to a new "
                           "directory, or remove it (it is never overwritten)")
     info = _run_info(source)
     settings = _settings(info.get("settings") or {}, variants or {}, data_paths or {})
     rows = list(read_jsonl(cells))
     _check_rows(cells, rows)
-    graders = _Graders(settings, RunStore(source).episodes())
+    graders = _Graders(settings, source.episodes())
     changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
     regraded, written = 0, []
     no_old_quality: list[tuple[str, Any]] = []
@@ -118,11 +118,11 @@ def regrade_run(
         raise DataError(graders.new_golds_message())
     # Written once all rows are graded: a failure leaves no partial run behind.
     for row in written:
-        append_jsonl(out / CELLS_FILE, row)
-    if (source / EPISODES_FILE).is_file():  # the regraded run's viewer shows them too
-        shutil.copyfile(source / EPISODES_FILE, out / EPISODES_FILE)
-    _write_run_info(out, info, source, settings)
-    return RegradeResult(out, len(rows), regraded, len(rows) - regraded, dict(changes),
+        append_jsonl(out.cells_path, row)
+    if source.episodes_path.is_file():  # the regraded run's viewer shows them too
+        shutil.copyfile(source.episodes_path, out.episodes_path)
+    _write_run_info(out, info, source.run_dir, settings)
+    return RegradeResult(out.run_dir, len(rows), regraded, len(rows) - regraded, dict(changes),
                          len(graders.new_golds), no_old_quality)
 
 
@@ -158,7 +158,7 @@ def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
 class _Graders:
     """Tasks built from the run's settings, loaded once each, with items by id."""
 
-    def __init__(self, settings: Settings, episodes: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, settings: Settings, episodes: dict[str, EpisodeRecord]) -> None:
         self.settings = settings
         self.episodes = episodes
         """The run's agent episodes by cell id: an episode is graded from its trajectory."""
@@ -190,10 +190,10 @@ class _Graders:
         if not isinstance(task, EpisodicTask):
             return task.grade(item, row["prediction"])
         episode = self.episodes.get(str(row.get("cell_id")))
-        if episode is None or not isinstance(episode.get("trajectory"), list):
+        if episode is None:
             raise DataError(f"regrade: episode cell {row.get('cell_id')} has no trajectory in "
                             f"{EPISODES_FILE}: regrade the run directory it was recorded in")
-        return task.grade_trajectory(item, episode["trajectory"])
+        return task.grade_trajectory(item, episode.trajectory)
 
     def new_golds_message(self) -> str:
         row, gold = self.new_golds[0]
@@ -211,16 +211,12 @@ class _Graders:
         return self._tasks[name]
 
 
-def _run_info(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        return {}
+def _run_info(store: RunStore) -> dict[str, Any]:
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        return store.run_info() or {}
     except ValueError as exc:
-        raise DataError(f"regrade: {path} is not JSON ({exc}); restore it or remove it to "
-                        "re-grade with default settings") from None
-    return info if isinstance(info, dict) else {}
+        raise DataError(f"regrade: {store.run_info_path} is not JSON ({exc}); restore it or "
+                        "remove it to re-grade with default settings") from None
 
 
 def _settings(recorded: dict[str, Any], variants: dict[str, str],
@@ -238,11 +234,12 @@ def _settings(recorded: dict[str, Any], variants: dict[str, str],
         raise DataError(f"regrade: run.json settings are not this version's ({exc})") from None
 
 
-def _write_run_info(out: Path, info: dict[str, Any], source: Path, settings: Settings) -> None:
+def _write_run_info(out: RunStore, info: dict[str, Any], source: Path,
+                    settings: Settings) -> None:
     recorded = dict(info)
     recorded["regraded"] = {"from": str(source), "time": time.time(),
                             "grader_variants": settings.grader or {}}
-    (out / RUN_FILE).write_text(json.dumps(recorded, indent=2, default=str) + "\n")
+    out.write_run_info(recorded)
 
 
 def format_changes(result: RegradeResult) -> Iterable[str]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench import embedded
 from pytest_budgetbench.engine import wiring
-from pytest_budgetbench.engine.arguments import from_option, non_negative, positive_int
+from pytest_budgetbench.engine.arguments import argument_type, from_option
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.preflight import check_extras
 from pytest_budgetbench.engine.train_environment import (
@@ -28,6 +28,7 @@ from pytest_budgetbench.engine.train_environment import (
     load_training_items,
 )
 from pytest_budgetbench.errors import BudgetBenchError
+from pytest_budgetbench.options import non_negative, positive_int
 from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.settings.config import Settings, endpoint_fields
 from pytest_budgetbench.strategies.budgetmem.ppo import COST_SIGNALS, TrainConfig, train
@@ -52,6 +53,7 @@ TRAIN_RUN_DIR = "train-run"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    count, number = argument_type(positive_int), argument_type(non_negative)
     parser.add_argument("--lambda", dest="lam", type=lambda_label, default="0.1", metavar="L",
                         help="cost weight in reward = score + L x cost efficiency (default 0.1); "
                         "the strategy budgetmem@L loads the result")
@@ -66,15 +68,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # The plugin's --budgetbench-items parser, with training's own default.
     parser.add_argument("--items", **from_option("items", default=24, metavar="N",
                                                  help="training queries (default 24)"))
-    parser.add_argument("--episodes", type=positive_int, default=48, metavar="N",
+    parser.add_argument("--episodes", type=count, default=48, metavar="N",
                         help="total episodes, one query each (default 48)")
-    parser.add_argument("--batch", type=positive_int, default=8, metavar="N",
+    parser.add_argument("--batch", type=count, default=8, metavar="N",
                         help="episodes per PPO update (default 8)")
-    parser.add_argument("--epochs", type=positive_int, default=4, metavar="N",
+    parser.add_argument("--epochs", type=count, default=4, metavar="N",
                         help="PPO passes per update (default 4)")
-    parser.add_argument("--lr", type=non_negative, default=3e-3, help="Adam learning rate (3e-3)")
+    parser.add_argument("--lr", type=number, default=3e-3, help="Adam learning rate (3e-3)")
     parser.add_argument("--seed", **from_option("seed", help="training seed (default 0)"))
-    parser.add_argument("--budget", type=positive_int, default=2048, metavar="TOKENS",
+    parser.add_argument("--budget", type=count, default=2048, metavar="TOKENS",
                         help="cell budget during training (default 2048)")
     parser.add_argument("--cost", choices=COST_SIGNALS, default="tokens",
                         help="cost signal (default tokens: auxiliary input + output tokens)")
@@ -84,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "price_out", help="USD per million output tokens, for --cost usd (default 0)"))
     parser.add_argument("--axis", choices=AXES, default="implementation",
                         help="tier axis (default implementation)")
-    parser.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, metavar="K",
+    parser.add_argument("--top-k", type=count, default=DEFAULT_TOP_K, metavar="K",
                         help=f"retrieved 256-token chunks (default {DEFAULT_TOP_K})")
     parser.add_argument("--endpoint", **from_option(
         "endpoint", help="OpenAI-compatible endpoint (default: the embedded model)"))

@@ -18,10 +18,8 @@ Two models, chosen with ``--budgetbench-model`` when no endpoint is given:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
-import io
 import json
 import os
 import subprocess
@@ -31,10 +29,11 @@ import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 from pytest_budgetbench.model.digests import file_sha256
+from pytest_budgetbench.model.gguf import vocab_only_llama
 from pytest_budgetbench.settings.userdirs import user_cache
 
 MODEL_DIR_ENV = "BUDGETBENCH_MODEL_DIR"
@@ -179,24 +178,6 @@ def _stamp_matches(path: Path) -> bool:
 
 def _write_stamp(path: Path) -> None:
     _stamp_path(path).write_text(json.dumps(_file_state(path)))
-
-
-def vocab_only_llama(path: Path) -> Any:
-    """llama.cpp's vocabulary-only load of a GGUF (a ``llama_cpp.Llama``), its log kept out
-    of the user's output.
-
-    llama-cpp-python prints llama.cpp's log to ``sys.stderr`` from a callback, and even with
-    ``verbose=False`` a vocabulary-only load warns that it has no training context; a failed
-    load raises ``ValueError`` with what llama.cpp said added."""
-    from llama_cpp import Llama
-
-    log = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(log):
-            return Llama(model_path=str(path), vocab_only=True, verbose=False)
-    except ValueError as exc:
-        said = log.getvalue().strip().splitlines()
-        raise ValueError(f"{exc}: {said[-1]}" if said else str(exc)) from None
 
 
 def read_gguf_metadata(path: Path) -> dict[str, str]:

@@ -4,7 +4,8 @@ pytest options (their registration, and the settings they give).
 An option that the plugin also has (``--seed``, ``--resamples``, ``--max-tokens``, ...)
 takes its parser and default from :data:`pytest_budgetbench.settings.config.OPTIONS`, looked up by
 ``dest``, so the command line and the plugin accept the same values; only options of the
-commands alone (``--episodes``, ``--lr``) use the plain types here.
+commands alone (``--episodes``, ``--lr``) take a parser of :mod:`pytest_budgetbench.options`
+through :func:`argument_type`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import BudgetBenchError, ConfigError
-from pytest_budgetbench.options import Option
+from pytest_budgetbench.options import Option, Parser
 from pytest_budgetbench.redact import redact, register_secret, register_url
 from pytest_budgetbench.settings.config import OPTIONS, Settings, ini_text, load_settings
 from pytest_budgetbench.settings.task_grammar import (
@@ -28,24 +29,18 @@ if TYPE_CHECKING:
     import pytest
 
 
-def non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0.0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text}")
-    return value
+def argument_type(parser: Parser) -> Callable[[str], Any]:
+    """One of :mod:`pytest_budgetbench.options`' parsers as an argparse type, for an option
+    of the commands alone (``--episodes``, ``--lr``): its ``ValueError("must be ...")``
+    becomes argparse's error, with the value, as :meth:`Option.read` words it."""
+    def parse(text: str) -> Any:
+        try:
+            return parser(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (got {text!r})") from None
 
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+    parse.__name__ = getattr(parser, "__name__", "value")  # argparse names the type
+    return parse
 
 
 def option_spec(dest: str) -> Option:

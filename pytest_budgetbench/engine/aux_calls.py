@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_budgetbench.engine.calls import CallSite, budgeted_call
+from pytest_budgetbench.errors import BudgetExceeded
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model.chat import ChatBackend
+from pytest_budgetbench.model.chat import ChatBackend, Completion
 from pytest_budgetbench.model.structured import Schema, StructuredOutput
-from pytest_budgetbench.tokens.counters import BudgetCheck, TokenCounter, enforce
+from pytest_budgetbench.tokens.counters import TokenCounter
 
 
 @dataclass
@@ -45,7 +47,8 @@ class RecordedAuxModel:
 
     Several named models (``--budgetbench-aux-models``) of one cell share one ``calls``
     list, so the row lists every auxiliary call in order. ``structured`` says how this
-    model's endpoint takes a schema (None: it is never sent one).
+    model's endpoint takes a schema (None: it is never sent one). ``strategy`` is the
+    strategy that makes the calls: a violation names it beside the call's purpose.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class RecordedAuxModel:
         budget: int,
         cell_id: str,
         *,
+        strategy: str,
         label: str = "aux",
         calls: list[AuxCall] | None = None,
         structured: StructuredOutput | None = None,
@@ -63,26 +67,31 @@ class RecordedAuxModel:
         self._tokens = tokens
         self._budget = budget
         self._cell_id = cell_id
+        self._strategy = strategy
         self.label = label
         self.calls: list[AuxCall] = [] if calls is None else calls
         self.structured = structured
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
                  schema: Schema | None = None) -> str:
-        counted = self._tokens.count_messages(messages)
-        check = BudgetCheck(counted, self._budget)
-        enforce(f"{self._cell_id} (auxiliary call '{purpose}')", purpose, check, self._tokens)
         form: str | None = None
-        sent = None
         if schema is not None:
             form = self.structured.form if self.structured else "none"
-            sent = self.structured.response_format(schema) if self.structured else None
-        if sent is None:  # a backend that knows no response_format is still called as before
-            completion = self._chat.complete(messages, max_tokens=max_tokens)
-        else:
-            completion = self._chat.complete(messages, max_tokens=max_tokens,
-                                             response_format=sent)
-        self.calls.append(AuxCall(purpose, counted, completion.completion_tokens,
+
+        def send() -> Completion:
+            sent = (self.structured.response_format(schema)
+                    if schema is not None and self.structured else None)
+            if sent is None:  # a backend that knows no response_format is called as before
+                return self._chat.complete(messages, max_tokens=max_tokens)
+            return self._chat.complete(messages, max_tokens=max_tokens, response_format=sent)
+
+        site = CallSite(self._cell_id, self._strategy, purpose=purpose)
+        outcome = budgeted_call(site, messages, budget=self._budget, tokens=self._tokens,
+                                send=send)
+        if outcome.completion is None:  # a strategy's call over budget is its own failure
+            raise BudgetExceeded(outcome.violation)
+        completion = outcome.completion
+        self.calls.append(AuxCall(purpose, outcome.counted_tokens, completion.completion_tokens,
                                   completion.latency_s, self.label, completion.cached, form))
         return completion.text
 
@@ -90,4 +99,5 @@ class RecordedAuxModel:
                 structured: StructuredOutput | None = None) -> RecordedAuxModel:
         """Another model for the same cell, recorded in the same list."""
         return RecordedAuxModel(chat, self._tokens, self._budget, self._cell_id,
-                                label=label, calls=self.calls, structured=structured)
+                                strategy=self._strategy, label=label, calls=self.calls,
+                                structured=structured)

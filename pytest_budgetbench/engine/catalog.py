@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_budgetbench.engine.declared import task_values
 from pytest_budgetbench.model.chat import ChatModel
-from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.settings.config import Settings, task_values
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
 from pytest_budgetbench.tasks.base import CHUNK_TOKENS
 
@@ -49,6 +48,12 @@ def make_task(name: str, settings: Settings) -> Task:
     data = settings.data_paths.get(cls.name or name) or cls.default_data_path
     values = task_values(cls, settings)
     judge = None
+    # Built here, not by wiring.make_chat as every other client is: the judge is pinned at
+    # temperature 0 with no seed (make_chat applies --budgetbench-temperature and -seed),
+    # and takes neither the response cache nor request slots, which live in a run directory
+    # that a Catalog is never given (it has the settings alone); and wiring imports this
+    # module, so this one cannot import wiring (a cycle, tests/test_layers.py). Routing it
+    # through make_chat would change what the judge is sent and whether it is replayed.
     if settings.judge_endpoint:
         judge = ChatModel(settings.judge_endpoint, settings.judge_model or "",
                           api_key=settings.api_key, timeout=settings.timeout,

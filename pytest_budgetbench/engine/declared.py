@@ -7,8 +7,10 @@ The core names no task: this module reads each registered class's ``data`` and
   ``--budgetbench-data-<task>`` per task with a data file, and one flag per option that
   names a ``flag`` (one flag for a key several classes declare);
 - the check, before collection, of ``--budgetbench-task-options`` and
-  ``--budgetbench-strategy-options`` against the sweep's tasks and strategies;
-- the parsed values a task or strategy receives.
+  ``--budgetbench-strategy-options`` against the sweep's tasks and strategies.
+
+The values a task or strategy receives are parsed with no registry, by the settings
+(:func:`~pytest_budgetbench.settings.config.task_values`).
 
 Reading the declarations imports the task and strategy modules, which import nothing
 heavy at module level (models, torch and embedders load on first use).
@@ -28,17 +30,18 @@ from pytest_budgetbench.options import (
     check_required,
     declared,
     owner_name,
-    resolve_values,
 )
-from pytest_budgetbench.settings.config import OPTIONS, Settings
+from pytest_budgetbench.settings.config import (
+    OPTIONS,
+    STRATEGY_OPTIONS_FLAG,
+    TASK_OPTIONS_FLAG,
+    Settings,
+)
 from pytest_budgetbench.settings.task_grammar import TaskDefinition
 from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 from pytest_budgetbench.strategies import Strategy
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Task, resolve_task
-
-TASK_OPTIONS_FLAG = "--budgetbench-task-options"
-STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
 
 
 def flag_specs(
@@ -118,11 +121,3 @@ def check_options(
     check_required("task", TASK_OPTIONS_FLAG, settings.raw_task_options(), tasks)
     check_required("strategy", STRATEGY_OPTIONS_FLAG, settings.raw_strategy_options(), strategies)
 
-
-def task_values(cls: type[Task], settings: Settings) -> dict[str, Any]:
-    """The parsed values of the options ``cls`` declares."""
-    return resolve_values(cls, settings.raw_task_options(), TASK_OPTIONS_FLAG)
-
-
-def strategy_values(cls: type[Strategy], settings: Settings) -> dict[str, Any]:
-    return resolve_values(cls, settings.raw_strategy_options(), STRATEGY_OPTIONS_FLAG)

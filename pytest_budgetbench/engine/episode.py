@@ -2,8 +2,10 @@
 
 An episodic task's environment gives the first messages and the tools; then, at every
 model call, the strategy builds the prompt from the trajectory so far, the runner checks
-its tool-call pairs, counts it with the tools and enforces the budget (a call over budget
-is a violation that ends the episode, and the row says which call), sends it, checks the
+its tool-call pairs and counts it with the tools, the budgeted call
+(:func:`~pytest_budgetbench.engine.calls.budgeted_call`) enforces the budget (a call over
+budget is a violation that ends the episode, and the row says which call) and sends it,
+the loop checks the
 reply (one the runner cannot use is the model's error, naming the call, and never enters
 the trajectory, where the next prompt would blame the strategy), appends it, and the
 environment answers it: tool results, the next user turn, or the end.
@@ -17,52 +19,19 @@ into the trajectory (``{"t": i}``) and the messages the strategy made (``{"m": .
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Protocol
 
+from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.errors import MalformedReply
 from pytest_budgetbench.messages import Message, Tool, shared_call_id
 from pytest_budgetbench.model.chat import Completion
-from pytest_budgetbench.records.store import CellRow, Status
+from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
+from pytest_budgetbench.records.rows import CellRow
 from pytest_budgetbench.tasks import Environment
-from pytest_budgetbench.tokens.counters import BudgetCheck, TokenCounter, message_key, prompt_sha256
-
-
-class Ended:
-    """How an episode ended (the row's ``ended``)."""
-
-    DONE = "done"
-    """The environment said it was over."""
-    VIOLATION = "violation"
-    """A call's prompt was over budget; nothing more was sent."""
-    MAX_CALLS = "max_calls"
-    """The runner's cap on calls (--budgetbench-max-calls) ended it."""
-    ERROR = "error"
-
-
-@dataclass
-class CallRecord:
-    """One model call of an episode, as episodes.jsonl keeps it."""
-
-    call: int
-    """1-based."""
-    seen: int
-    """How many trajectory messages existed when the prompt was built."""
-    prompt: list[dict[str, Any]]
-    """The prompt as sent: ``{"t": i}`` for trajectory[i] as it is, ``{"m": message}`` for
-    a message the strategy made."""
-    tools: int
-    counted_tokens: int
-    prompt_sha256: str
-    server_prompt_tokens: int | None = None
-    prefix_tokens: int | None = None
-    """Leading tokens this prompt shares with the previous call's (what a server's prompt
-    cache reuses); None where the counter cannot give token ids."""
-    model_s: float = 0.0
-    cached: bool | None = None
-    output_tokens: int | None = None
-    parsed_tool_calls: int = 0
+from pytest_budgetbench.tokens.counters import TokenCounter, message_key, prompt_sha256
 
 
 @dataclass
@@ -79,10 +48,10 @@ class Episode:
     strategy_s: float = 0.0
     _previous_ids: list[int] | None = None
 
-    def record(self, cell_id: str, run_id: str) -> dict[str, Any]:
-        return {"cell_id": cell_id, "run_id": run_id, "ended": self.ended,
-                "tools": self.tools, "trajectory": self.trajectory,
-                "calls": [asdict(call) for call in self.calls]}
+    def record(self, cell_id: str, run_id: str) -> EpisodeRecord:
+        """The episodes.jsonl record of this episode (records.episodes owns the format)."""
+        return EpisodeRecord(cell_id=cell_id, run_id=run_id, ended=self.ended,
+                             tools=self.tools, trajectory=self.trajectory, calls=self.calls)
 
 
 def prompt_entries(
@@ -121,10 +90,24 @@ def percentile(values: Sequence[int], fraction: float) -> int:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-Builder = Callable[[list[Message], list[Tool]], tuple[list[Message], float, int]]
-"""The strategy's prompt for the trajectory so far and the tools, its seconds, and the
-prompt's count with the tools (the runner's, as for every cell)."""
-Caller = Callable[[list[Message], list[Tool]], Completion]
+class EpisodeCell(Protocol):
+    """What the loop asks of the runner for one episode cell: its strategy's prompts and
+    its model's replies (the runner's ``EpisodeTurns``)."""
+
+    @property
+    def site(self) -> CallSite:
+        """The cell and its strategy, as a violation names them (the call is the loop's)."""
+        ...
+
+    def prompt(self, trajectory: list[Message],
+               tools: list[Tool]) -> tuple[list[Message], float, int]:
+        """The strategy's prompt for the trajectory so far and the tools, its seconds, and
+        the prompt's count with the tools (the runner's, as for every cell)."""
+        ...
+
+    def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
+        """The model's reply to a prompt that fits the budget."""
+        ...
 
 
 @dataclass
@@ -135,10 +118,7 @@ class EpisodeLoop:
     tokens: TokenCounter
     budget: int
     max_calls: int
-    build: Builder
-    send: Caller
-    describe_violation: Callable[[BudgetCheck, int], str]
-    """The violation line for a check at a call (1-based)."""
+    cell: EpisodeCell
 
     def play(self) -> Episode:
         env = self.environment
@@ -148,17 +128,19 @@ class EpisodeLoop:
                 episode.ended = Ended.MAX_CALLS
                 break
             tools = list(env.tools)
-            prompt, seconds, counted = self.build(list(episode.trajectory), tools)
+            prompt, seconds, counted = self.cell.prompt(list(episode.trajectory), tools)
             episode.strategy_s += seconds
             episode.last_prompt = prompt
             call = self._record_call(episode, prompt, tools, counted)
-            check = BudgetCheck(call.counted_tokens, self.budget)
-            if not check.fits:
+            outcome = budgeted_call(
+                replace(self.cell.site, call=call.call), prompt, budget=self.budget,
+                tokens=self.tokens, counted=counted, send=partial(self._reply, call, prompt, tools))
+            if outcome.completion is None:
                 episode.ended = Ended.VIOLATION
-                episode.violation = self.describe_violation(check, call.call)
+                episode.violation = outcome.violation
                 break
-            completion = self._reply(call, prompt, tools)
-            self._received(call, completion)
+            completion = outcome.completion
+            self._received(call, outcome)
             reply = completion.message
             episode.trajectory.append(reply)
             episode.last_reply = completion.text
@@ -188,7 +170,7 @@ class EpisodeLoop:
         """The model's reply to ``call``, checked before it enters the trajectory; a
         malformed one names the call."""
         try:
-            completion = self.send(prompt, tools)
+            completion = self.cell.send(prompt, tools)
             problem = shared_call_id(completion.tool_calls)
             if problem:  # a backend that does not check (a reply cached before it did)
                 raise MalformedReply(f"malformed reply from the model: {problem}")
@@ -197,18 +179,20 @@ class EpisodeLoop:
         return completion
 
     @staticmethod
-    def _received(call: CallRecord, completion: Completion) -> None:
-        call.server_prompt_tokens = completion.prompt_tokens
-        call.model_s = round(completion.latency_s, 4)
-        call.cached = completion.cached
-        call.output_tokens = completion.completion_tokens
-        call.parsed_tool_calls = completion.parsed_tool_calls
+    def _received(call: CallRecord, outcome: CallOutcome) -> None:
+        assert outcome.completion is not None
+        call.server_prompt_tokens = outcome.server_prompt_tokens
+        call.model_s = outcome.model_s
+        call.cached = outcome.cached
+        call.output_tokens = outcome.output_tokens
+        call.parsed_tool_calls = outcome.completion.parsed_tool_calls
 
 
 def fill_row(row: CellRow, episode: Episode) -> None:
     """The episode's numbers on its row: per-call counts, the call that violated, its
     real cost (every call's prompt and output tokens) and how much of each prompt the
-    previous one's prefix covered."""
+    previous one's prefix covered; its status and what the model did as for every cell
+    (:func:`~pytest_budgetbench.engine.calls.fill_outcome`)."""
     calls = episode.calls
     counted = [call.counted_tokens for call in calls]
     row.calls = len(calls)
@@ -223,21 +207,13 @@ def fill_row(row: CellRow, episode: Episode) -> None:
         row.prompt_sha256 = calls[-1].prompt_sha256
     row.sum_call_tokens = sum(call.counted_tokens for call in sent)
     row.violated_call = calls[-1].call if episode.ended == Ended.VIOLATION else None
-    row.model_s = round(sum(call.model_s for call in sent), 4)
-    row.cached = bool(sent) and all(call.cached for call in sent)
     row.output_tokens = sum(call.output_tokens or 0 for call in sent)
     row.total_tokens = sum((call.server_prompt_tokens or call.counted_tokens)
                            + (call.output_tokens or 0) for call in sent)
-    server = [call.server_prompt_tokens for call in sent]
-    row.server_prompt_tokens = max((n for n in server if n is not None), default=None)
-    row.token_count_match = (
-        None if not sent or any(n is None for n in server)
-        else all(call.server_prompt_tokens == call.counted_tokens for call in sent))
     with_prefix = [call for call in calls[1:] if call.prefix_tokens is not None]
     if with_prefix:
         row.prefix_reuse = round(sum(c.prefix_tokens or 0 for c in with_prefix)
                                  / sum(c.counted_tokens for c in with_prefix), 4)
     row.strategy_s = round(episode.strategy_s, 6)
     row.prediction = episode.last_reply
-    if episode.ended == Ended.VIOLATION:
-        row.status, row.error = Status.VIOLATION, episode.violation
+    fill_outcome(row, calls, episode.violation)

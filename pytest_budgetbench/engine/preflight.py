@@ -9,13 +9,13 @@ write) is stopped at the start instead, with one line, and before anything is wr
 - :func:`check_sweep` needs the tasks' data and the cells: the controller runs it before
   it resolves the endpoint and writes run.json.
 - :func:`check_tokenizer` needs the endpoint: the controller runs it once the endpoint is
-  known, before run.json.
+  known, before run.json, with the loader of the counter the wiring makes for it.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,12 +27,11 @@ from pytest_budgetbench.errors import (
     TokenizerError,
     first_missing,
 )
-from pytest_budgetbench.settings.cells import Cell, clean_part, split_reference
+from pytest_budgetbench.settings.cells import Cell, split_reference
 from pytest_budgetbench.settings.config import Settings
 
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.catalog import Catalog
-    from pytest_budgetbench.model.endpoint import Endpoint
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
     from pytest_budgetbench.tokens.counters import TokenCounter
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
 def check_settings(settings: Settings) -> None:
     """Names, options and paths, from the settings alone; a ConfigError names the value."""
     from pytest_budgetbench.engine.declared import check_options
+    from pytest_budgetbench.strategies import strategy_classes
     from pytest_budgetbench.tasks import sweep_tasks
 
     strategies = strategy_classes(settings.strategies)
@@ -58,39 +58,6 @@ def check_settings(settings: Settings) -> None:
         from pytest_budgetbench.embedded import embedded_model
 
         embedded_model(settings.model)  # --budgetbench-model names an embedded model
-
-
-def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
-    """Each strategy spec's class, in order; its ``name`` is what its cells and rows carry.
-    Two specs that resolve to one name, or to names that read as one in cell ids
-    (``keep-ends`` and ``keep_ends``), or a class without a name, are a ConfigError."""
-    from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
-
-    classes: dict[str, type[Strategy]] = {}
-    spec_of: dict[str, str] = {}
-    name_of: dict[str, str] = {}  # each name's readable id part -> the name
-    for spec in specs:
-        cls = STRATEGIES.resolve(spec)
-        name = getattr(cls, "name", "")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(
-                f"strategy '{spec}' has no name: set its class attribute 'name' to the name "
-                "its cells and rows should carry"
-            )
-        if name in spec_of:
-            raise ConfigError(
-                f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
-                f"'{name}', so their cells and rows would mix; give one another name"
-            )
-        other = name_of.setdefault(clean_part(name), name)
-        if other != name:
-            raise ConfigError(
-                f"--budgetbench-strategies: '{spec_of[other]}' and '{spec}' are named "
-                f"'{other}' and '{name}', which read as one ('{clean_part(name)}') in cell "
-                "ids; give one another name"
-            )
-        classes[spec], spec_of[name] = cls, spec
-    return classes
 
 
 def check_extras(
@@ -234,7 +201,7 @@ def _check_tool_strategies(settings: Settings, catalog: Catalog) -> None:
     """A task whose items are an agent's (episodes, or tool calls in own data) runs only
     with strategies that keep tool-call pairs whole: the others are refused here, in one
     line, rather than on every cell."""
-    from pytest_budgetbench.strategies import tool_refusal
+    from pytest_budgetbench.strategies import strategy_classes, tool_refusal
     from pytest_budgetbench.tasks import EpisodicTask
 
     agentic = [name for name in catalog.names
@@ -279,20 +246,19 @@ def _check_baseline(settings: Settings, cells: list[Cell]) -> None:
         raise ConfigError(
             f"--budgetbench-baseline={path}: {exc}; pass a previous run's report/report.json"
         ) from None
-    planned = {(c.task, c.strategy_name or c.strategy, c.budget) for c in cells}
+    planned = {(c.task, c.strategy_label, c.budget) for c in cells}
     reasons = check_baseline_comparable(baseline, planned, source=path)
     if reasons:
         raise ConfigError(f"--budgetbench-baseline={path}: {reasons[0]}")
 
 
-def check_tokenizer(settings: Settings, endpoint: Endpoint) -> TokenCounter:
-    """Load the sweep's token counter and count once, so a missing file or a route the
+def check_tokenizer(settings: Settings, load: Callable[[], TokenCounter]) -> TokenCounter:
+    """Load the sweep's token counter (``load``: the counter ``--budgetbench-tokenizer``
+    asks for, for the resolved endpoint) and count once, so a missing file or a route the
     endpoint lacks is one line now rather than an error in every cell. Returns the counter,
     for this process's runner to count with."""
-    from pytest_budgetbench.engine.wiring import make_counter
-
     try:
-        counter = make_counter(settings.tokenizer, endpoint, settings.api_key)
+        counter = load()
         counter.count_messages([{"role": "user", "content": "probe"}])
     except TokenizerError as exc:
         raise ConfigError(f"--budgetbench-tokenizer={settings.tokenizer}: {exc}") from None

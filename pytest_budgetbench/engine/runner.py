@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
+from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
-from pytest_budgetbench.engine.declared import strategy_values
 from pytest_budgetbench.engine.episode import EpisodeLoop, fill_row
 from pytest_budgetbench.errors import (
     BudgetBenchError,
@@ -36,18 +36,14 @@ from pytest_budgetbench.model.chat import ChatBackend, Completion
 from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.model.structured import StructuredOutput
 from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
-from pytest_budgetbench.records.store import STRATEGY_FILES, CellRow, RunStore, Status
+from pytest_budgetbench.records.rows import CellRow, Status
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.settings.cells import Cell
-from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.settings.config import Settings, strategy_values
 from pytest_budgetbench.settings.workers import worker_id
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
 from pytest_budgetbench.tasks import EpisodicTask, Item, Task
-from pytest_budgetbench.tokens.counters import (
-    BudgetCheck,
-    TokenCounter,
-    prompt_sha256,
-    violation_message,
-)
+from pytest_budgetbench.tokens.counters import TokenCounter, prompt_sha256
 
 T = TypeVar("T")
 
@@ -161,7 +157,7 @@ class Runner:
             raise
         except Exception as exc:
             raise StrategyError(
-                f"strategy '{cell.strategy_name or cell.strategy}' could not be built for "
+                f"strategy '{cell.strategy_label}' could not be built for "
                 f"cell {cell.cell_id}: {type(exc).__name__}: {exc}"
             ) from exc
 
@@ -213,27 +209,25 @@ class Runner:
         row.counted_tokens, row.prompt_sha256 = counted, sha
         row.utilisation = round(counted / cell.budget, 4)
         self._audit(cell, sha, prompt)
-        check = BudgetCheck(counted, cell.budget)
-        if not check.fits:
-            message = violation_message(cell.cell_id, strategy.name, check, self.tokens)
-            row.status, row.error = Status.VIOLATION, message
+        outcome = budgeted_call(
+            CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,
+            tokens=self.tokens, counted=counted,
+            send=lambda: self._call(prompt, timer, item.tools, self.settings.max_tokens))
+        completion = outcome.completion
+        if completion is None:
+            fill_outcome(row, [], outcome.violation)  # nothing sent: the model's fields stay empty
             self.store.write_row(row)
-            return CellResult(cell, item, row, prompt, strategy.reference, violation=message)
+            return CellResult(cell, item, row, prompt, strategy.reference,
+                              violation=outcome.violation)
 
-        completion = self._call(prompt, timer, item.tools, self.settings.max_tokens)
+        fill_outcome(row, [outcome])
         grade = task.grade(item, completion.text)
-        row.status = Status.OK
         row.prediction = completion.text
         row.extracted = grade.extracted
         row.quality = grade.quality
         row.grader = grade.grader
-        row.model_s = round(completion.latency_s, 4)
-        row.cached = completion.cached
+        # The call's own count, None where the server gave none (an episode's row sums).
         row.output_tokens = completion.completion_tokens
-        row.server_prompt_tokens = completion.prompt_tokens
-        row.token_count_match = (
-            None if completion.prompt_tokens is None else completion.prompt_tokens == counted
-        )
         self.store.write_row(row)
         exported = task.export(item, completion.text, cell.cell_id)
         if exported is not None:
@@ -256,38 +250,20 @@ class Runner:
         try:
             self._as_strategy_error(strategy, cell, lambda: self._within_timeout(
                 lambda: strategy.reset(context), strategy, cell))
-            loop = EpisodeLoop(
-                environment, self.tokens, cell.budget, self.settings.max_calls,
-                build=lambda trajectory, tools: self._episode_prompt(
-                    strategy, cell, context, trajectory, tools),
-                send=lambda prompt, tools: self._call(
-                    prompt, None, tools, self.settings.agent_max_tokens),
-                describe_violation=lambda check, call: violation_message(
-                    f"{cell.cell_id} (call {call})", strategy.name, check, self.tokens),
-            )
+            loop = EpisodeLoop(environment, self.tokens, cell.budget, self.settings.max_calls,
+                               EpisodeTurns(self, strategy, cell, context))
             episode = timer(loop.play) if timer is not None else loop.play()
         finally:
             environment.close()
         self._record_strategy(row, context)
         fill_row(row, episode)
-        if row.status != Status.VIOLATION:
+        if not episode.violation:
             grade = task.grade_trajectory(item, episode.trajectory)
-            row.status, row.quality = Status.OK, grade.quality
-            row.extracted, row.grader = grade.extracted, grade.grader
+            row.quality, row.extracted, row.grader = grade.quality, grade.extracted, grade.grader
         self.store.write_episode(episode.record(cell.cell_id, self.run_id))
         self.store.write_row(row)
         return CellResult(cell, item, row, episode.last_prompt, strategy.reference,
                           violation=episode.violation)
-
-    def _episode_prompt(
-        self, strategy: Strategy, cell: Cell, context: StrategyContext,
-        trajectory: list[Message], tools: list[Tool],
-    ) -> tuple[list[Message], float, int]:
-        """One call's prompt: the strategy sees the trajectory so far (a private copy) and
-        a counter that counts the tools with every prompt."""
-        context.tools, context.tokens = tools, self.tokens.with_tools(tools)
-        return self._prompt_of(
-            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget), tools)
 
     def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
         """The strategy's own fields of the row; a strategy whose declarations cannot be
@@ -304,7 +280,7 @@ class Runner:
 
     def _context(self, cell: Cell, item: Item, strategy: Strategy) -> StrategyContext:
         aux = RecordedAuxModel(self.chat, self.tokens, cell.budget, cell.cell_id,
-                               structured=self.structured.get("aux"))
+                               strategy=strategy.name, structured=self.structured.get("aux"))
         settings = self.settings
         return StrategyContext(
             tokens=self.tokens.with_tools(item.tools),
@@ -315,7 +291,7 @@ class Runner:
             aux_models={name: aux.sibling(chat, name, self.structured.get(name))
                         for name, chat in self.aux_chats.items()},
             embedder_factory=self.embedder_factory,
-            work_dir=self.store.run_dir / STRATEGY_FILES,
+            work_dir=self.store.strategy_files_dir,
             options={"embedding_model": settings.embedding_model,
                      **strategy_values(type(strategy), settings)},
         )
@@ -478,7 +454,7 @@ class Runner:
             item_id=item.item_id,
             category=item.category,
             gold=item.answer,  # the viewer and diff show it beside the reply
-            strategy=cell.strategy_name or cell.strategy,  # the strategy's own, once built
+            strategy=cell.strategy_label,  # the strategy's own, once built
             budget=cell.budget,
             repeat=cell.repeat,
             model=self.endpoint.model,
@@ -491,6 +467,34 @@ class Runner:
             worker=worker_id(),
             time=round(time.time(), 3),
         )
+
+
+@dataclass
+class EpisodeTurns:
+    """One episode cell as its loop sees it (an ``episode.EpisodeCell``): the strategy's
+    prompt at each call, and the model's reply."""
+
+    runner: Runner
+    strategy: Strategy
+    cell: Cell
+    context: StrategyContext
+
+    @property
+    def site(self) -> CallSite:
+        return CallSite(self.cell.cell_id, self.strategy.name)
+
+    def prompt(self, trajectory: list[Message],
+               tools: list[Tool]) -> tuple[list[Message], float, int]:
+        """One call's prompt: the strategy sees the trajectory so far (a private copy) and
+        a counter that counts the tools with every prompt."""
+        strategy, cell, runner = self.strategy, self.cell, self.runner
+        self.context.tools, self.context.tokens = tools, runner.tokens.with_tools(tools)
+        return runner._prompt_of(
+            strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget), tools)
+
+    def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
+        # No timer per call: an episode is timed as a whole (Runner.run's timer).
+        return self.runner._call(prompt, None, tools, self.runner.settings.agent_max_tokens)
 
 
 def unread_calls_note(endpoint: Endpoint) -> str:

@@ -7,33 +7,31 @@ really runs.
 
 With no endpoint given, the embedded llama.cpp server is resolved from its GGUF and
 started on the first reply the response cache does not hold (:mod:`~pytest_budgetbench.
-launcher`): by the controller's launcher, in-process, or, under xdist, by the controller
-at a worker's request, so it stays one server that dies with the run.
+embedded.launcher`): by the controller's launcher, in-process, or, under xdist, by the
+controller at a worker's request, so it stays one server that dies with the run.
+
+Two concerns live in their own modules: :mod:`~pytest_budgetbench.engine.resume` (the run
+directory, and whether a resume may go on with the run there) and
+:mod:`~pytest_budgetbench.engine.gating` (judging a gate over the run's rows).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import random
-import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_budgetbench import embedded
-from pytest_budgetbench.engine import preflight, wiring
+from pytest_budgetbench.engine import gating, preflight, resume, wiring
 from pytest_budgetbench.engine.catalog import Catalog
-from pytest_budgetbench.engine.declared import strategy_values, task_values
+from pytest_budgetbench.engine.resume import resolve_run_dir
 from pytest_budgetbench.engine.runner import CellResult, Runner, Timer
 from pytest_budgetbench.errors import (
-    BudgetBenchError,
-    ConfigError,
-    EmbeddedServerError,
     EndpointError,
     MissingDependency,
     RecordError,
@@ -42,16 +40,13 @@ from pytest_budgetbench.errors import (
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.records import definition
-from pytest_budgetbench.records.store import (
-    CELLS_FILE,
-    FINAL_STATUSES,
-    RUN_FILE,
-    RunStore,
-    read_jsonl,
-)
-from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict, gate_specs
+from pytest_budgetbench.records.rows import FINAL_STATUSES
+from pytest_budgetbench.records.store import RunStore, read_jsonl
+from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict
 from pytest_budgetbench.settings.cells import Cell, build_cells
 from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.settings.shards import shard_cells
+from pytest_budgetbench.strategies import strategy_classes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,46 +59,25 @@ if TYPE_CHECKING:
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 """The run object of this pytest process, in ``config.stash`` (beside its class, as
 pytest keeps its own stash keys)."""
-def new_run_id(shard: tuple[int, int] | None = None) -> str:
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-    return f"{run_id}-shard{shard[0]}of{shard[1]}" if shard else run_id
-
-
-def resolve_run_dir(settings: Settings) -> Path:
-    """A new run directory under --budgetbench-out, or the one --budgetbench-resume names."""
-    out = Path(settings.out)
-    if settings.resume is None:
-        return out / new_run_id(settings.shard)
-    if settings.resume == "latest":
-        # run.json is written after the checks and before the first cell, so a directory
-        # that has it is a run, even one killed in its first cell with no row yet; one
-        # without it is a start that failed (it may hold the embedded server's log).
-        runs = [d for d in out.glob("*") if (d / RUN_FILE).is_file()]
-        if not runs:
-            raise ConfigError(
-                f"--budgetbench-resume=latest found no run in {out}; "
-                "pass the run directory, or --budgetbench-out=DIR where the runs are"
-            )
-        return max(runs, key=started_at)
-    run_dir = Path(settings.resume)
-    if not (run_dir / RUN_FILE).is_file() and not (run_dir / CELLS_FILE).is_file():
-        raise ConfigError(
-            f"--budgetbench-resume={settings.resume}: not a run directory (no {RUN_FILE} or "
-            f"{CELLS_FILE}); pass a directory under --budgetbench-out, or 'latest'"
-        )
-    return run_dir
-
-
-def started_at(run_dir: Path) -> float:
-    """When a run first started (run.json keeps it across resumes); run ids made in the
-    same second do not sort by time."""
-    try:
-        return float(json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))["started"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return (run_dir / RUN_FILE).stat().st_mtime if (run_dir / RUN_FILE).exists() else 0.0
 
 
 class BudgetBenchSession:
+    """The run of one pytest process: its settings, run directory, cells and results.
+
+    Every process (the controller, or an xdist worker built from ``worker_state``):
+
+    - builds the sweep's :attr:`cells` (sharded and shuffled as asked) from the catalog;
+    - runs a cell once (:meth:`run_cell`), or takes its row from a resumed run
+      (:attr:`recorded`), or from the threads of :meth:`prefetch`;
+    - judges gate items (:meth:`judge`, :mod:`~pytest_budgetbench.engine.gating`).
+
+    The controller alone, before any cell runs (:meth:`start`): checks the sweep,
+    resolves the endpoint (or the embedded server, started on first need), checks a resume
+    (:mod:`~pytest_budgetbench.engine.resume`) and writes run.json; it hands the workers
+    what they need (:meth:`worker_state`), writes the report at the end (:meth:`finish`)
+    and stops the server (:meth:`stop`).
+    """
+
     def __init__(self, settings: Settings, *, worker_state: dict[str, Any] | None = None) -> None:
         self.settings = settings
         self.is_worker = worker_state is not None
@@ -170,7 +144,8 @@ class BudgetBenchSession:
             name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
         }
-        self._counter = preflight.check_tokenizer(settings, self.endpoint)
+        self._counter = preflight.check_tokenizer(settings, functools.partial(
+            wiring.make_counter, settings.tokenizer, self.endpoint, settings.api_key))
         self.store.lock()
         self._write_run_info()
         self.started = True
@@ -186,106 +161,31 @@ class BudgetBenchSession:
         return embedded.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
 
     def _write_run_info(self) -> None:
+        """Write run.json; on a resume, after the checks that the run may go on
+        (:func:`~pytest_budgetbench.engine.resume.check_resume`)."""
         assert self.endpoint is not None
-        block = self._definition()
+        block = resume.sweep_definition(
+            self.settings, self.catalog, self.endpoint.model,
+            self._counter.name if self._counter else self.settings.tokenizer,
+            {name: e.model for name, e in self.aux_endpoints.items()})
         info = {"run_id": self.run_id, "settings": self.settings.public(),
                 "endpoint": self.endpoint.label, "model": self.endpoint.model,
                 "server_flags": self.endpoint.server_flags, "started": time.time(),
                 definition.KEY: block}
-        earlier = self._earlier_run_info()
+        earlier = resume.earlier_run_info(self.settings, self.store)
         if earlier is not None:
-            self._check_resume(earlier, block)
+            self.notes += resume.check_resume(self.run_id, earlier, block,
+                                              settings=self.settings, catalog=self.catalog,
+                                              recorded=self.recorded.values())
             info = {**earlier, "resumed": [*earlier.get("resumed", []), time.time()]}
         self.store.write_run_info(info)
-
-    def _definition(self) -> dict[str, Any]:
-        """What defines this run's cells (see :mod:`~pytest_budgetbench.records.definition`)."""
-        assert self.endpoint is not None
-        settings, catalog = self.settings, self.catalog
-        block = run_definition(settings, self.endpoint.model, self._counter.name
-                               if self._counter else settings.tokenizer,
-                               {name: e.model for name, e in self.aux_endpoints.items()})
-        for name, entry in block["tasks"].items():
-            task = catalog.task(name)
-            path = task.options.data_path
-            entry["grader"] = task.grader_id
-            entry["data"] = None if path is None else {
-                "path": str(path), "sha256": definition.content_sha256(path)}
-            entry["items"] = {item.item_id: definition.item_digest(
-                item.item_id, item.messages, item.answer, item.category)
-                for item in catalog.items(name)}
-        return block
-
-    def _check_resume(self, earlier: dict[str, Any], current: dict[str, Any]) -> None:
-        """Refuse to resume a run whose cells this session would define otherwise: one
-        line naming the first difference (or the first recorded gold that differs)."""
-        recorded = earlier.get(definition.KEY)
-        if not isinstance(recorded, dict):
-            recorded = self._legacy_definition(earlier)
-            self.notes.append(
-                f"run {self.run_id} was made before run.json recorded a definition: its "
-                "settings were checked, the content of its data files and items could not be")
-            current = {**current, "settings": {**current["settings"],
-                                               "tokenizer": self.settings.tokenizer}}
-        found = definition.differences(recorded, current)
-        if found:
-            raise ConfigError(
-                f"--budgetbench-resume: run {self.run_id} was made with "
-                f"{definition.describe(found, '{what} {old}, this session asks {new}')}; "
-                "resume with the run's settings, or start a new run (drop --budgetbench-resume)")
-        self._check_recorded_golds()
-
-    def _legacy_definition(self, earlier: dict[str, Any]) -> dict[str, Any]:
-        """What a run.json of an older version tells of its definition: its settings
-        (option values as this version reads them), no data or item digests."""
-        recorded = earlier.get("settings") or {}
-        try:
-            block = run_definition(settings_from_record(recorded), earlier.get("model"),
-                                   str(recorded.get("tokenizer", "auto")), {})
-            del block["settings"]["aux_models"]  # not recorded: targets, not their models
-        except (TypeError, ValueError, ImportError, BudgetBenchError):  # another version's
-            block = {"settings": {"model": earlier.get("model")}}
-        if block["settings"]["model"] is None:  # a run.json that names no model
-            del block["settings"]["model"]
-        return block
-
-    def _check_recorded_golds(self) -> None:
-        """The golds the run's rows recorded must be those of this session's items: a
-        changed seed or data file would otherwise keep old rows under new items' ids."""
-        golds: dict[tuple[Any, Any], Any] = {}
-        for name in self.catalog.names:
-            for item in self.catalog.items(name):
-                golds[(name, item.item_id)] = item.answer
-        changed = [(row, golds[key]) for row in self.recorded.values() if "gold" in row
-                   and (key := (row.get("task"), row.get("item_id"))) in golds
-                   and not definition.same_gold(row["gold"], golds[key])]
-        if changed:
-            row, gold = changed[0]
-            items = {(r["task"], r["item_id"]) for r, _ in changed}
-            more = f" (and {len(items) - 1} more items)" if len(items) > 1 else ""
-            raise ConfigError(
-                f"--budgetbench-resume: run {self.run_id} recorded task '{row['task']}' item "
-                f"{row['item_id']} with gold {definition.show(row['gold'])}, this session's "
-                f"item {row['item_id']} has {definition.show(gold)}{more}: the items changed "
-                "since the run (seed, data or task); resume with the run's settings and data, "
-                "or start a new run (drop --budgetbench-resume)")
-
-    def _earlier_run_info(self) -> dict[str, Any] | None:
-        path = self.store.run_dir / RUN_FILE
-        if self.settings.resume is None or not path.is_file():
-            return None
-        try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            return None
-        return info if isinstance(info, dict) else None
 
     def _embedded(self) -> Endpoint:
         """The embedded server's endpoint, from its GGUF; the server itself starts on the
         first cache miss (or now, for a counter that asks the server)."""
         settings = self.settings
         self.server, endpoint = embedded.embedded_launcher(
-            self._embedded_n_ctx(), settings.threads, self.store.run_dir / "server.log",
+            self._embedded_n_ctx(), settings.threads, self.store.server_log_path,
             settings.model, on_start=self._server_starting,
         )
         self.launcher = self.server
@@ -353,7 +253,7 @@ class BudgetBenchSession:
             prices = reports.Prices(settings.price_in or 0.0, settings.price_out or 0.0)
         try:
             self.report = reports.compute_report(
-                [self.store.run_dir], self.store.run_dir / "report",
+                [self.store.run_dir], self.store.report_dir,
                 reference=settings.reference, resamples=settings.resamples, seed=settings.seed,
                 prices=prices,
             )
@@ -373,74 +273,30 @@ class BudgetBenchSession:
     @functools.cached_property
     def gates(self) -> list[GateSpec]:
         """The gate items this sweep asked for, one per kind and strategy@budget."""
-        settings = self.settings
-        references = {cls.name: bool(cls.reference)
-                      for cls in preflight.strategy_classes(settings.strategies).values()}
-        return gate_specs(
-            references, settings.budgets,
-            violation=settings.max_violation_rate is not None,
-            regression=settings.baseline is not None and settings.max_regression is not None,
-        )
+        return gating.sweep_gates(self.settings)
 
     def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:
-        """A gate's verdict over the computed report (see :meth:`computed_report`).
-
-        Its cells are every cell of its strategy@budget: those this process has not run
-        yet run now (a gate selected alone, e.g. by ``--lf``, judges complete data), and
-        those ``running_elsewhere`` (other xdist workers) are waited for in the records.
-        """
-        cells = [c for c in self.cells if (c.strategy_name or c.strategy) == gate.strategy
-                 and c.budget == gate.budget and not self.skip_reason(c)]
-        for cell in cells:
-            if cell.cell_id not in running_elsewhere and cell.cell_id not in self.errored:
-                try:
-                    self.run_cell(cell)
-                except EmbeddedServerError:
-                    raise  # no cell can get a reply: the run stops (see the plugin)
-                except Exception:  # its error row is what the gate counts
-                    continue
-        waiting = self._await_rows({c.cell_id for c in cells} & running_elsewhere)
-        from pytest_budgetbench import reports
-
-        verdict = reports.gate_verdict(
-            self.computed_report(), gate,
-            max_rate=self.settings.max_violation_rate, max_regression=self.settings.max_regression,
-            regression_test=self.settings.regression_test,
-            baseline=Path(self.settings.baseline) if self.settings.baseline else None,
-        )
-        if waiting:
-            stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"
-            verdict = replace(verdict, reasons=(*verdict.reasons, stalled) if verdict.reasons
-                              else (f"{gate.gate_id}: {stalled}",))
-        return verdict
-
-    def _await_rows(self, cell_ids: set[str]) -> set[str]:
-        """Wait until other processes recorded a row for each cell; give up once the
-        records stop growing for longer than one cell may take. Returns the missing ids."""
-        stall_s = self.settings.timeout * self.settings.retries + 60.0
-        last_size, last_change = -1, time.monotonic()
-        while True:
-            missing = cell_ids - {row.get("cell_id") for row in self.store.rows()}
-            if not missing:
-                return set()
-            size = self.store.cells_path.stat().st_size if self.store.cells_path.exists() else 0
-            if size != last_size:
-                last_size, last_change = size, time.monotonic()
-            elif time.monotonic() - last_change > stall_s:
-                return missing
-            time.sleep(0.2)
+        """A gate's verdict over the computed report (see :func:`~pytest_budgetbench.engine.
+        gating.judge`): runs the gate's cells this process has not run, waits for those
+        ``running_elsewhere``."""
+        return gating.judge(self, gate, running_elsewhere)
 
     def cache_rejections(self) -> list[str]:
         """A line per cache file whose entries failed their checksum during this run."""
         return wiring.cache_rejections(self.settings, self.store.run_dir, self.created)
+
+    def interrupt(self) -> None:
+        """Ctrl-C: cells running in threads end before their next model call, recording
+        nothing (:meth:`stop` then ends the rest)."""
+        if self._runner is not None:
+            self._runner.stop()
 
     def stop(self) -> None:
         """End the session: cells queued in threads are dropped and those running end
         before their next model call, recording nothing (after Ctrl-C: the resume runs
         them), and the embedded server stops, which ends a call in flight at once."""
         self.store.unlock()
-        if self._runner is not None:
-            self._runner.stop()
+        self.interrupt()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -459,7 +315,7 @@ class BudgetBenchSession:
         items = {task: [i.item_id for i in self.catalog.items(task)]
                  for task in self.catalog.names}
         names = {spec: cls.name
-                 for spec, cls in preflight.strategy_classes(self.settings.strategies).items()}
+                 for spec, cls in strategy_classes(self.settings.strategies).items()}
         cells = build_cells(
             items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
         )
@@ -541,50 +397,3 @@ class BudgetBenchSession:
         for cell in cells:
             if cell.cell_id not in self.recorded and cell.cell_id not in self._pending:
                 self._pending[cell.cell_id] = self._pool.submit(runner.run, cell)
-
-
-def run_definition(settings: Settings, model: str | None, tokenizer: str,
-                   aux_models: dict[str, str | None]) -> dict[str, Any]:
-    """The definition of a sweep with ``settings``, as far as settings tell it: the
-    session adds each task's grader, data digest and item digests.
-
-    Every name in :data:`definition.CELL_SETTINGS` is recorded, so every one is compared on
-    a resume: those the session resolves (the model, the counter, each auxiliary
-    endpoint's model) from the arguments, the rest from the Settings field of that name."""
-    resolved: dict[str, Any] = {
-        "model": model, "tokenizer": tokenizer, "aux_models": dict(sorted(aux_models.items())),
-        "grader": dict(sorted((settings.grader or {}).items()))}
-    block: dict[str, Any] = {"version": definition.VERSION, "settings": {
-        key: definition.plain(resolved[key] if key in resolved else getattr(settings, key))
-        for key in definition.CELL_SETTINGS}}
-    from pytest_budgetbench.tasks import sweep_tasks
-
-    block["tasks"] = {name: {"options": definition.plain(task_values(cls, settings))}
-                      for name, cls in sweep_tasks(settings.tasks, settings.named_tasks).items()}
-    block["strategies"] = {
-        cls.name: {"options": definition.plain(strategy_values(cls, settings))}
-        for cls in preflight.strategy_classes(settings.strategies).values()}
-    return block
-
-
-def settings_from_record(recorded: dict[str, Any]) -> Settings:
-    """The Settings a run.json recorded (JSON lists back as tuples). Raises TypeError for
-    settings of another version."""
-    from dataclasses import fields
-
-    known = {f.name for f in fields(Settings)}
-    values: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
-                              for key, value in recorded.items() if key in known}
-    return Settings(**values)
-
-
-def shard_cells(
-    cells: list[Cell], items: dict[str, list[str]], index: int, count: int
-) -> list[Cell]:
-    """Shard ``index`` of ``count`` (1-based): every count-th item across all tasks, so
-    shards are even and an item's cells, which pair with each other, stay together."""
-    positions: dict[tuple[str, int], int] = {}
-    for task, item_ids in items.items():
-        for item_index in range(len(item_ids)):
-            positions[(task, item_index)] = len(positions)
-    return [c for c in cells if positions[(c.task, c.item_index)] % count == index - 1]

@@ -19,12 +19,11 @@ from typing import Any
 
 from pytest_budgetbench.engine.runner import CellResult, Runner
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.strategies.base import Embedder
 from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome
-from pytest_budgetbench.strategies.budgetmem.ppo import EpisodeResult
-from pytest_budgetbench.strategies.budgetmem.router import SampledBudgetMem, Sampler
+from pytest_budgetbench.strategies.budgetmem.router import EpisodeResult, SampledBudgetMem, Sampler
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 

@@ -148,12 +148,15 @@ def open_response_store(path: Path, run_id: str, *,
 
 def response_store_path(settings: Settings, run_dir: Path) -> Path | None:
     """The response cache's file under --budgetbench-cache, or None when replies are sampled."""
+    return None if settings.cache_mode is None else _cache_file(settings, run_dir)
+
+
+def _cache_file(settings: Settings, run_dir: Path) -> Path:
+    """Where the response cache is, or would be: --budgetbench-cache-path, else in
+    --budgetbench-out; private to the run directory under --budgetbench-cache=off."""
     from pytest_budgetbench.model.cache import CACHE_FILE
 
-    mode = settings.cache_mode
-    if mode is None:
-        return None
-    if mode == "off":
+    if settings.cache_mode == "off":
         return run_dir / CACHE_FILE
     return Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
 
@@ -270,10 +273,10 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
     workers; without, one request at a time per replica from each process. Replicas
     taken out and back are kept in the run's ``replicas.jsonl``."""
     from pytest_budgetbench.model.replicas import ReplicaPool
-    from pytest_budgetbench.records.store import REPLICAS_FILE, append_jsonl
+    from pytest_budgetbench.records.store import append_jsonl
     from pytest_budgetbench.settings.workers import worker_id
 
-    events = slots_dir.parent / REPLICAS_FILE  # the slots live in the run's directory
+    events = RunStore(slots_dir.parent).replicas_path  # the slots live in the run's directory
 
     worker = worker_id()
 
@@ -292,10 +295,10 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
 def replica_lines(run_dir: Path, since: float = 0.0) -> list[str]:
     """One line per replica taken out since ``since`` (this session: a resumed run's
     file holds earlier ones): how often, and its last failure."""
-    from pytest_budgetbench.records.store import REPLICAS_FILE, read_jsonl
+    from pytest_budgetbench.records.store import read_jsonl
 
     outs: dict[str, list[dict[str, object]]] = {}
-    for event in read_jsonl(run_dir / REPLICAS_FILE):
+    for event in read_jsonl(RunStore(run_dir).replicas_path):
         if event.get("event") == "out" and float(event.get("time") or 0) >= since:
             outs.setdefault(str(event.get("replica")), []).append(event)
     return [f"replica {replica} was taken out {len(events)} time(s) and its requests sent "
@@ -332,12 +335,7 @@ def derived_store_path(settings: Settings, run_dir: Path, file_name: str) -> Pat
     ``file_name`` beside the response cache; with --budgetbench-cache=off private to the
     run directory, as the replies are. Such a value is a function of its key, so sampled
     runs (no response cache) and refresh runs share the file too: nothing in it goes stale."""
-    from pytest_budgetbench.model.cache import CACHE_FILE
-
-    if settings.cache_mode == "off":
-        return run_dir / file_name
-    responses = Path(settings.cache_path or Path(settings.out) / CACHE_FILE)
-    return responses.with_name(file_name)
+    return _cache_file(settings, run_dir).with_name(file_name)
 
 
 def embedder_factory(settings: Settings, store_path: Path | None) -> Callable[[], Embedder]:
@@ -369,7 +367,7 @@ def make_runner(
     """The runner of ``settings`` on ``endpoint``, writing into ``store``; ``tokens`` is a
     counter already loaded for them (else one is made); ``launcher`` starts the embedded
     server on the first reply the response cache does not hold."""
-    slots_dir = store.run_dir / ".slots"
+    slots_dir = store.slots_dir
     tokens = tokens or make_counter(settings.tokenizer, endpoint, settings.api_key)
     if tokens.count_space is not None:  # a slow exact counter: a second sweep reuses counts
         from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase

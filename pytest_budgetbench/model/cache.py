@@ -54,15 +54,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_budgetbench.canonical import json_sha256
 from pytest_budgetbench.errors import CacheError
 from pytest_budgetbench.messages import Message, Tool
-from pytest_budgetbench.model.chat import ChatModel, Completion
+from pytest_budgetbench.model.backend import ChatBackend, Completion
 from pytest_budgetbench.redact import redact_url
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.replicas import ReplicaPool
+    from pytest_budgetbench.model.tool_parser import ToolParser
 
 CACHE_FILE = "responses.sqlite"
 
@@ -118,11 +119,7 @@ def request_key(endpoint: str, model: str, params: dict[str, Any],
         request["tools"] = list(tools)
     if response_format:
         request["response_format"] = dict(response_format)
-    canonical = json.dumps(
-        request,
-        sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str,
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    return json_sha256(request, separators=(",", ":"), default=str)
 
 
 def entry_checksum(*parts: object) -> str:
@@ -759,19 +756,43 @@ def _reply_checksum(key: str, text: str | None, prompt_tokens: object,
     return entry_checksum(key, text, prompt_tokens, completion_tokens, latency_s, *calls)
 
 
+class KeyedClient(ChatBackend, Protocol):
+    """What the response cache reads of the client it wraps, besides its answers: what the
+    key holds. :class:`~pytest_budgetbench.model.chat.ChatModel` is one, and so is a pool
+    of replicas (:class:`~pytest_budgetbench.model.replicas.ReplicaPool`)."""
+
+    @property
+    def base_url(self) -> str:
+        """Who answers; empty when no one URL does (a server started on demand, a pool)."""
+        ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The generation parameters (temperature, seed) every request is sent with."""
+        ...
+
+    @property
+    def tool_parser(self) -> ToolParser:
+        """What makes a reply's tool calls from its text (a request with tools keys on it)."""
+        ...
+
+
 class CachingChatModel:
     """A chat model whose identical requests are sent once; replies say where they came from.
-    It is a :class:`~pytest_budgetbench.model.chat.ChatBackend` itself.
+    It is a :class:`~pytest_budgetbench.model.backend.ChatBackend` itself.
 
     The key holds the wrapped model's generation parameters (temperature, seed) and
-    ``max_tokens``, so a change to any of them is a new request; that is why it wraps the
-    concrete client, which knows them, and not any backend. ``endpoint`` names who answers
-    (``Endpoint.identity``); without it the client's URL does, port included. A client
-    whose server starts on demand has no URL yet, and a pool of replicas has no one URL
-    (:class:`~pytest_budgetbench.model.replicas.ReplicaPool`), so they need ``endpoint``.
+    ``max_tokens``, so a change to any of them is a new request; that is why it wraps a
+    :class:`KeyedClient`, which knows them, and not any backend. ``endpoint`` names who
+    answers (``Endpoint.identity``); without it the client's URL does, port included. A
+    client whose server starts on demand has no URL yet, and a pool of replicas has no one
+    URL (:class:`~pytest_budgetbench.model.replicas.ReplicaPool`), so they need ``endpoint``.
     """
 
-    def __init__(self, chat: ChatModel | ReplicaPool, store: ResponseStore, *,
+    def __init__(self, chat: KeyedClient, store: ResponseStore, *,
                  endpoint: str | None = None, poll_s: float = 0.05) -> None:
         if not endpoint and not chat.base_url:
             raise ValueError("CachingChatModel needs endpoint= for a client that has no URL "

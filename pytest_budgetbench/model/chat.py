@@ -19,9 +19,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pytest_budgetbench.errors import (
     EndpointError,
@@ -31,6 +30,8 @@ from pytest_budgetbench.errors import (
     RequestTimeout,
 )
 from pytest_budgetbench.messages import Message, Tool, as_sent, shared_call_id
+from pytest_budgetbench.model.backend import ChatBackend as ChatBackend
+from pytest_budgetbench.model.backend import Completion as Completion
 from pytest_budgetbench.model.deadline import DeadlineClients
 from pytest_budgetbench.model.tool_parser import ToolParser, parse_tool_calls
 from pytest_budgetbench.redact import (
@@ -47,47 +48,8 @@ REPLY_NEUTRAL_FLAGS = frozenset({"n_ctx", "OMP_WAIT_POLICY"})
 the context only has to hold the prompt, and how idle threads wait is not arithmetic."""
 
 
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    """The reply's text; empty when the reply is only tool calls."""
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    latency_s: float
-    """The original call's latency, also when the reply comes from the response cache."""
-    cached: bool = False
-    tool_calls: tuple[dict[str, Any], ...] = ()
-    """The reply's tool calls in the OpenAI format (``{"id", "type": "function",
-    "function": {"name", "arguments"}}``), as the server gave them or as the endpoint's
-    tool-call parser read them from the text."""
-    parsed_tool_calls: int = 0
-    """How many of :attr:`tool_calls` the endpoint's tool-call parser read from the reply's
-    text (:mod:`~pytest_budgetbench.model.tool_parser`); 0 where the server gave them."""
-
-    @property
-    def message(self) -> Message:
-        """The reply as the assistant message an agent's trajectory appends."""
-        if not self.tool_calls:
-            return {"role": "assistant", "content": self.text}
-        return {"role": "assistant", "content": self.text or None,
-                "tool_calls": [dict(call) for call in self.tool_calls]}
-
-
 MAX_BACKOFF_S = 60.0
 """The longest wait between attempts, whatever the server's Retry-After asks for."""
-
-
-class ChatBackend(Protocol):
-    """What answers a chat, as every consumer sees it: :class:`ChatModel`, the response
-    cache around one, a test's fake. The runner, auxiliary calls and training need no more."""
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int,
-                 tools: Sequence[Tool] | None = None,
-                 response_format: Mapping[str, Any] | None = None) -> Completion:
-        """The reply to ``messages``; ``tools`` and ``response_format`` (a JSON schema the
-        reply should follow, :mod:`~pytest_budgetbench.model.structured`), when given, are sent
-        with the request."""
-        ...
 
 
 def retry_after_seconds(header: str | None, now: float | None = None) -> float | None:

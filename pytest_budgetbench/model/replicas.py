@@ -2,8 +2,8 @@
 
 A team that serves one model on several vLLM or llama.cpp servers gives every URL
 (``--budgetbench-endpoint=URL,URL`` or the flag repeated). :class:`ReplicaPool` is a
-:class:`~pytest_budgetbench.model.chat.ChatBackend` over one :class:`~pytest_budgetbench.model.chat.
-ChatModel` per URL:
+:class:`~pytest_budgetbench.model.backend.ChatBackend` over one
+:class:`~pytest_budgetbench.model.chat.ChatModel` per URL:
 
 - A request goes to the usable replica with the fewest requests in flight from this
   process (ties in turn), never past ``per_replica`` requests at one replica

@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model.chat import ChatBackend, Completion
+from pytest_budgetbench.messages import Message, Schema
+from pytest_budgetbench.model.backend import ChatBackend, Completion
 
 if TYPE_CHECKING:
     from pytest_budgetbench.model.cache import ResponseStore
@@ -49,14 +47,6 @@ FORMS: tuple[Form, ...] = ("json_schema", "json_object")
 
 PROBE_VERSION = 1
 """Part of the probe's cache key: a change to the probe asks every endpoint again."""
-
-
-@dataclass(frozen=True)
-class Schema:
-    """A JSON schema an auxiliary reply should follow, with the name the endpoint sees."""
-
-    name: str
-    schema: Mapping[str, Any] = field(hash=False)
 
 
 PROBE_SCHEMA = Schema("probe", {"type": "object", "properties": {"ok": {"type": "boolean"}},

@@ -13,33 +13,32 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_budgetbench.engine.runner import CellResult
-    from pytest_budgetbench.engine.session import BudgetBenchSession
+    from pytest_budgetbench.records.rows import CellRow
     from pytest_budgetbench.settings.cells import Cell
+    from pytest_budgetbench.settings.config import Settings
 
 PROPERTY = "budgetbench"
 """The name of the one user property a cell's report carries."""
 
 
-def cell_properties(result: CellResult) -> list[tuple[str, Any]]:
-    """What the progress line needs of a cell, as report user properties."""
-    cell = result.cell
+def cell_properties(cell: Cell, row: CellRow) -> list[tuple[str, Any]]:
+    """What the progress line needs of a cell and its row, as report user properties."""
     return [(PROPERTY, {
         "task": cell.task,
-        "strategy": cell.strategy_name or cell.strategy,
+        "strategy": cell.strategy_label,
         "budget": cell.budget,
-        "status": result.status.value,  # plain text: xdist serialises user properties
-        "quality": result.quality,
-        "cached": bool(result.row.get("cached")),
+        "status": row.status.value,  # plain text: xdist serialises user properties
+        "quality": None if row.quality is None else float(row.quality),
+        "cached": bool(row.get("cached")),
     })]
 
 
@@ -151,7 +150,18 @@ class SweepProgress:
             self._dirty_line = False
 
 
-def sweep_progress(config: pytest.Config, session: BudgetBenchSession, ids: list[str],
+class Sweep(Protocol):
+    """What the progress reads of the session: ``--budgetbench-progress`` among its
+    settings, and its cells (built on first use, so read only when progress is shown)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def cells(self) -> Sequence[Cell]: ...
+
+
+def sweep_progress(config: pytest.Config, session: Sweep, ids: list[str],
                    cells: list[Cell | None] | None = None) -> SweepProgress | None:
     """The progress of the cells ``ids`` (with their ``cells`` where known), or None when
     it is not shown (no terminal, ``--budgetbench-progress=0``, ``-q``, no cells)."""

@@ -19,7 +19,7 @@ from pytest_budgetbench.errors import (
     StrategyAborted,
 )
 from pytest_budgetbench.pytest_face import xdist as distributed
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.settings import workers
 
@@ -59,7 +59,7 @@ def cell(budget_cell: CellResult, request: pytest.FixtureRequest) -> None:
     from pytest_budgetbench.pytest_face.progress import cell_properties
 
     # The progress line reads these off the report, in this process or through xdist.
-    request.node.user_properties.extend(cell_properties(budget_cell))
+    request.node.user_properties.extend(cell_properties(budget_cell.cell, budget_cell.row))
     settings = request.config.stash[SESSION_KEY].settings
     assert_within_budget(budget_cell, gated=settings.max_violation_rate is not None)
 
@@ -110,7 +110,7 @@ class ModelCallTimer:
         benchmark = self.request.getfixturevalue("benchmark")
         cell = self.request.param
         # One table per task and strategy@budget, not one ~200-column table of all cells.
-        benchmark.group = f"{cell.task} {cell.strategy_name or cell.strategy}@{cell.budget}"
+        benchmark.group = f"{cell.task} {cell.strategy_label}@{cell.budget}"
         from pytest_budgetbench.model.chat import Completion
 
         outcome = benchmark.pedantic(work, rounds=1, iterations=1)

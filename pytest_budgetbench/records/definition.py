@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.canonical import canonical_json, json_sha256
+
 VERSION = 1
 KEY = "definition"
 """The block's key in run.json."""
@@ -125,11 +127,11 @@ def show(value: Any, limit: int = 80) -> str:
 def plain(value: Any) -> Any:
     """``value`` as JSON holds it: an option's parsed value (a number, a dataclass) becomes
     something run.json can store and a later session compares equal."""
-    return json.loads(json.dumps(value, default=_stable_text, sort_keys=True))
+    return json.loads(_canonical(value))
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, default=_stable_text, sort_keys=True)
+    return canonical_json(value, ensure_ascii=True, default=_stable_text)
 
 
 def _stable_text(value: object) -> str:
@@ -143,9 +145,8 @@ def same_gold(recorded: Any, current: Any) -> bool:
 
 def item_digest(item_id: str, messages: Any, answer: Any, category: Any) -> str:
     """A short digest of what an item is: its messages, answer and category."""
-    text = json.dumps([item_id, messages, answer, category], default=_stable_text,
-                      sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+    digest = json_sha256([item_id, messages, answer, category], default=_stable_text)
+    return digest[:_DIGEST_CHARS]
 
 
 def content_sha256(path: Path) -> str | None:

@@ -1,12 +1,21 @@
-"""Run records: one JSON row per cell, appended in one write as soon as the cell ends.
+"""The run directory: every file and folder name in it, and the JSON-lines writer.
 
-Layout of a run directory::
+Layout of a run directory (the names are this module's constants, and :class:`RunStore`'s
+paths; nothing else spells them)::
 
-    <out>/<run_id>/cells.jsonl     one row per cell (see CellRow)
+    <out>/<run_id>/cells.jsonl     one row per cell (records.rows.CellRow)
     <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
     <out>/<run_id>/episodes.jsonl  an agent episode's trajectory and calls, per episode cell
+                                   (records.episodes.EpisodeRecord)
     <out>/<run_id>/run.json        the run's settings and definition, written by the controller
     <out>/<run_id>/run.lock        held (flock) by the controller while a session writes the run
+    <out>/<run_id>/replicas.jsonl  replicas of the endpoint taken out and back
+    <out>/<run_id>/server.log      the embedded server's log
+    <out>/<run_id>/strategy-files/ the one place in a run where strategies may write
+    <out>/<run_id>/exports/        records a task exports (one file each, JSON lines)
+    <out>/<run_id>/.slots/         the request slots the xdist workers share (--concurrency)
+    <out>/<run_id>/report/         the report written at session end (and by default by
+                                   ``budgetbench report RUN``)
 
 Rows are appended with ``O_APPEND`` under an exclusive ``flock``, one ``write`` each, so
 xdist workers can share a file and a crash loses at most the row being written. A torn
@@ -19,160 +28,16 @@ import contextlib
 import errno
 import fcntl
 import json
-import operator
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from enum import StrEnum
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.errors import ConfigError, RecordError
-
-SCHEMA_VERSION = 3
-"""The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
-or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
-
-
-class Status(StrEnum):
-    """How a cell ended. A StrEnum, so a status equals its text (``Status.OK == "ok"``)
-    and is written to cells.jsonl as that text."""
-
-    OK = "ok"
-    """Sent within budget and graded."""
-    VIOLATION = "violation"
-    """The post-strategy prompt counted more tokens than the budget; nothing was sent."""
-    ERROR = "error"
-    """The strategy, the model or the grader failed; also a cell that never finished."""
-
-
-FINAL_STATUSES = frozenset({Status.OK, Status.VIOLATION})
-"""A cell recorded with one of these is done: a resume keeps it; errors run again."""
-
-
-@dataclass(kw_only=True, slots=True)
-class CellRow(Mapping[str, Any]):
-    """One cells.jsonl row: the schema. The runner fills it, :class:`RunStore` writes it,
-    reports and the synthetic generator read its field names (:data:`ROW_FIELDS`).
-
-    A dataclass rather than a TypedDict, so that a misspelled field is an error where the
-    row is built (at run time as well as under mypy) and the runner writes attributes that
-    mypy checks. It is also a read-only mapping of field name to value, so a user's
-    ``budget_cell.row["counted_tokens"]`` and ``row.get("quality")`` keep working.
-    Slotted, so assigning a misspelled attribute raises instead of adding a field.
-    """
-
-    schema: int = SCHEMA_VERSION
-    run_id: str
-    cell_id: str
-    task: str
-    item_id: str
-    category: str | None = None
-    strategy: str
-    regime: str | None = None
-    reference: bool = False
-    budget: int
-    repeat: int = 0
-    status: Status = Status.ERROR  # a cell that never finishes errored
-    counted_tokens: int | None = None
-    server_prompt_tokens: int | None = None
-    token_count_match: bool | None = None
-    utilisation: float | None = None
-    quality: float | None = None
-    prediction: str | None = None
-    extracted: str | None = None
-    gold: Any = None  # the item's gold answer(s), as the task holds them (schema 2)
-    strategy_s: float | None = None
-    model_s: float | None = None  # the original call's latency, also when served from cache
-    cached: bool | None = None  # the reply came from the response cache (this cell sent nothing)
-    output_tokens: int | None = None
-    aux_calls: list[dict[str, Any]] = field(default_factory=list)
-    aux_input_tokens: int = 0
-    aux_output_tokens: int = 0
-    aux_s: float = 0.0
-    aux_failures: int = 0  # auxiliary replies the strategy could not use (not JSON, wrong keys)
-    strategy_info: dict[str, Any] | None = None
-    model: str | None = None
-    endpoint: str | None = None
-    server_flags: dict[str, Any] = field(default_factory=dict)
-    tokenizer: str | None = None
-    tokenizer_exact: bool | None = None
-    prompt_sha256: str | None = None
-    grader: str | None = None
-    error: str | None = None
-    seed: int | None = None
-    worker: str | None = None  # the xdist worker that ran the cell, or null
-    time: float | None = None
-    # An agent episode's cell (schema 3); null for a single-call cell. counted_tokens is
-    # then its largest call's count, model_s and output_tokens its calls' sums.
-    calls: int | None = None  # model calls made, the one over budget included
-    ended: str | None = None  # done | violation | max_calls | error
-    call_tokens: list[int] | None = None  # counted prompt tokens per call
-    max_call_tokens: int | None = None
-    p95_call_tokens: int | None = None
-    sum_call_tokens: int | None = None  # counted prompt tokens of the calls sent
-    violated_call: int | None = None  # 1-based index of the call over budget
-    total_tokens: int | None = None  # every sent call's prompt and output tokens: its cost
-    prefix_reuse: float | None = None  # share of prompt tokens the previous call's prefix held
-
-    # -- the mapping face (read-only) -------------------------------------------------------
-    def __getitem__(self, name: str) -> Any:
-        if name not in _FIELD_NAMES:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(ROW_FIELDS)
-
-    def __len__(self) -> int:
-        return len(ROW_FIELDS)
-
-    # -- on disk ----------------------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
-        """The row as the JSON object written to cells.jsonl (fields in schema order).
-
-        Shallow, unlike ``dataclasses.asdict``: a strategy's ``strategy_info`` is written as
-        it is, never deep-copied."""
-        return dict(zip(ROW_FIELDS, _all_values(self), strict=True))
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> CellRow:
-        """A row read back from cells.jsonl, of this schema version or an older one.
-
-        Fields the record lacks take their defaults; keys this version does not know are
-        dropped (the file keeps them, and the report loader reads them as columns).
-        Raises ValueError naming the first missing required field.
-        """
-        missing = [name for name in _REQUIRED if name not in record]
-        if missing:
-            raise ValueError(
-                f"cells.jsonl row {record.get('cell_id', '(no cell_id)')!r} lacks the "
-                f"field '{missing[0]}' (schema {record.get('schema', '?')}); it was not "
-                f"written by budgetbench, or the file is damaged"
-            )
-        values = {name: record[name] for name in ROW_FIELDS if name in record}
-        if "status" in values:
-            values["status"] = _status(values["status"], record)
-        return cls(**values)
-
-
-def _status(raw: Any, record: Mapping[str, Any]) -> Status:
-    try:
-        return Status(raw)
-    except ValueError:
-        raise ValueError(
-            f"cells.jsonl row {record.get('cell_id', '(no cell_id)')!r} has the status "
-            f"{raw!r}; a status is one of {', '.join(s.value for s in Status)}"
-        ) from None
-
-
-ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CellRow))
-"""The field names of a row, in the order they are written (derived from CellRow)."""
-_FIELD_NAMES = frozenset(ROW_FIELDS)
-_all_values = operator.attrgetter(*ROW_FIELDS)  # every field's value in one call
-_REQUIRED: tuple[str, ...] = tuple(
-    f.name for f in fields(CellRow) if f.default is MISSING and f.default_factory is MISSING
-)
+from pytest_budgetbench.messages import Message
+from pytest_budgetbench.records.episodes import EpisodeRecord, decode_episodes
+from pytest_budgetbench.records.prompts import PromptRecord
+from pytest_budgetbench.records.rows import CellRow
 
 CELLS_FILE = "cells.jsonl"
 PROMPTS_FILE = "prompts.jsonl"
@@ -180,7 +45,11 @@ EPISODES_FILE = "episodes.jsonl"  # an episode cell's trajectory and its calls, 
 RUN_FILE = "run.json"
 LOCK_FILE = "run.lock"
 REPLICAS_FILE = "replicas.jsonl"  # replicas of the endpoint taken out and back (replicas.py)
+SERVER_LOG = "server.log"  # the embedded server's output
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
+EXPORTS_DIR = "exports"  # a task's exported records, <file name> each
+SLOTS_DIR = ".slots"  # request slots shared by the xdist workers of one run
+REPORT_DIR = "report"  # the session's report, and budgetbench report's default for one run
 
 
 def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
@@ -269,17 +138,62 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 yield row
 
 
-def last_row_per_cell(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per cell id: the last one, as a resumed run supersedes its errors."""
-    return list({row.get("cell_id"): row for row in rows}.values())
+def cell_records(path: Path, cell_ids: Collection[str]
+                 ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(cell id, record) for these cells from a per-cell JSON-lines file (prompts.jsonl,
+    episodes.jsonl), in the file's order; a torn line, or a file that cannot be read, gives
+    nothing. A line of another cell is skipped on its leading ``cell_id`` (which the
+    writers here put first), without parsing the rest of it: a prompt or an episode can be
+    long."""
+    if not cell_ids:
+        return
+    try:
+        handle = path.open("rb")
+    except OSError:
+        return
+    with handle:
+        for line in handle:
+            leading = _leading_cell_id(line)
+            if leading is not None and leading not in cell_ids:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn write
+            if isinstance(record, dict) and record.get("cell_id") in cell_ids:
+                yield str(record["cell_id"]), record
+
+
+_LEADING_CELL_ID = '{"cell_id": '
+"""How a per-cell record's line starts, as :func:`append_jsonl` writes it."""
+_HEAD_BYTES = 4096
+_DECODER = json.JSONDecoder()
+
+
+def _leading_cell_id(line: bytes) -> str | None:
+    """The cell id a line starts with, decoded as JSON decodes it; None where the line
+    does not start with one (it is then parsed whole)."""
+    if not line.startswith(_LEADING_CELL_ID.encode()):
+        return None
+    head = line[:_HEAD_BYTES].decode("utf-8", "replace")
+    try:
+        value, _end = _DECODER.raw_decode(head, len(_LEADING_CELL_ID))
+    except ValueError:  # longer than the head, or not JSON
+        return None
+    return value if isinstance(value, str) else None
 
 
 class RunStore:
-    """The files of one run directory."""
+    """The files of one run directory, each path named here."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._lock_fd: int | None = None
+
+    @classmethod
+    def of(cls, path: Path) -> RunStore:
+        """The run of a run directory, or of a file in it (its cells.jsonl)."""
+        return cls(path.parent if path.is_file() else path)
 
     def lock(self) -> None:
         """Hold the run for this session (the controller's; its xdist workers append under
@@ -321,36 +235,90 @@ class RunStore:
     def prompts_path(self) -> Path:
         return self.run_dir / PROMPTS_FILE
 
+    @property
+    def episodes_path(self) -> Path:
+        return self.run_dir / EPISODES_FILE
+
+    @property
+    def run_info_path(self) -> Path:
+        return self.run_dir / RUN_FILE
+
+    @property
+    def replicas_path(self) -> Path:
+        return self.run_dir / REPLICAS_FILE
+
+    @property
+    def server_log_path(self) -> Path:
+        return self.run_dir / SERVER_LOG
+
+    @property
+    def strategy_files_dir(self) -> Path:
+        return self.run_dir / STRATEGY_FILES
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.run_dir / EXPORTS_DIR
+
+    @property
+    def slots_dir(self) -> Path:
+        return self.run_dir / SLOTS_DIR
+
+    @property
+    def report_dir(self) -> Path:
+        return self.run_dir / REPORT_DIR
+
     def write_row(self, row: CellRow) -> None:
         append_jsonl(self.cells_path, row.record())
 
-    def write_prompt(self, cell_id: str, sha256: str, messages: object | None) -> None:
-        record: dict[str, Any] = {"cell_id": cell_id, "prompt_sha256": sha256}
-        if messages is not None:
-            record["messages"] = messages
-        append_jsonl(self.prompts_path, record)
+    def write_prompt(self, cell_id: str, sha256: str, messages: list[Message] | None) -> None:
+        append_jsonl(self.prompts_path, PromptRecord(cell_id, sha256, messages).record())
 
-    def write_episode(self, record: Mapping[str, Any]) -> None:
-        """An agent episode's trajectory and calls, before its row (see episode.py)."""
-        append_jsonl(self.run_dir / EPISODES_FILE, record)
+    def write_episode(self, episode: EpisodeRecord) -> None:
+        """An agent episode's trajectory and calls, before its row (see engine.episode)."""
+        append_jsonl(self.episodes_path, episode.record())
 
-    def episodes(self) -> dict[str, dict[str, Any]]:
-        """The recorded episodes by cell id, the last record of each."""
-        return {str(record.get("cell_id")): record
-                for record in read_jsonl(self.run_dir / EPISODES_FILE)}
+    def episodes(self) -> dict[str, EpisodeRecord]:
+        """The recorded episodes by cell id, the last record of each (a damaged record is
+        skipped, as a torn line is)."""
+        return {episode.cell_id: episode
+                for episode in decode_episodes(read_jsonl(self.episodes_path))}
+
+    def prompts_of(self, cell_ids: Collection[str]) -> Iterator[PromptRecord]:
+        """The prompts.jsonl records of these cells, in the file's order (a resumed cell
+        has one per attempt); other cells' lines are skipped unparsed."""
+        for _cell_id, record in cell_records(self.prompts_path, cell_ids):
+            yield PromptRecord.from_record(record)
+
+    def episodes_of(self, cell_ids: Collection[str]) -> Iterator[EpisodeRecord]:
+        """The episodes.jsonl records of these cells, in the file's order (a rerun's comes
+        last); a damaged record is skipped, other cells' lines unparsed."""
+        return decode_episodes(record for _cell_id, record
+                               in cell_records(self.episodes_path, cell_ids))
 
     def write_export(self, file_name: str, record: Mapping[str, Any]) -> None:
-        append_jsonl(self.run_dir / "exports" / file_name, record)
+        append_jsonl(self.exports_dir / file_name, record)
 
     def rows(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.cells_path))
 
     def write_run_info(self, info: Mapping[str, Any]) -> None:
+        """Write run.json (redacted): the run's settings and definition."""
         from pytest_budgetbench.redact import redact_obj
 
         text = json.dumps(redact_obj(info), indent=2, default=str) + "\n"
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / RUN_FILE).write_text(text)
+            self.run_info_path.write_text(text)
         except OSError as exc:
-            raise RecordError(f"cannot write {self.run_dir / RUN_FILE}: {exc}") from None
+            raise RecordError(f"cannot write {self.run_info_path}: {exc}") from None
+
+    def has_run_info(self) -> bool:
+        return self.run_info_path.is_file()
+
+    def run_info(self) -> dict[str, Any] | None:
+        """run.json as written, or None when the run has none (or it holds no JSON object).
+        Raises ValueError when it is not JSON, OSError when it cannot be read."""
+        if not self.run_info_path.is_file():
+            return None
+        info = json.loads(self.run_info_path.read_text(encoding="utf-8"))
+        return info if isinstance(info, dict) else None

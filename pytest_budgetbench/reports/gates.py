@@ -12,10 +12,10 @@ too small to detect a drop of D (its minimal detectable drop is larger).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_budgetbench.reports import report_json
 from pytest_budgetbench.reports.stats import (
@@ -40,10 +40,35 @@ from pytest_budgetbench.reports.verdicts import (
 )
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.reports.builder import Report
+    import pandas as pd
 
 
-def violation_gate(report: Report, max_rate: float) -> list[str]:
+class Seeded(Protocol):
+    """The settings a regression gate's paired test draws with."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def resamples(self) -> int: ...
+
+
+class GatedReport(Protocol):
+    """What a gate reads of a computed report
+    (:class:`~pytest_budgetbench.reports.builder.Report` is one): its summary table, its
+    report.json document and the seed and resamples of its intervals."""
+
+    @property
+    def summary(self) -> pd.DataFrame: ...
+
+    @property
+    def document(self) -> Mapping[str, Any]: ...
+
+    @property
+    def settings(self) -> Seeded: ...
+
+
+def violation_gate(report: GatedReport, max_rate: float) -> list[str]:
     """One line per non-reference strategy@budget whose violation rate, pooled over tasks,
     exceeds ``max_rate``, or that has no rate (every cell errored): as
     :func:`gate_verdict`, a gate over nothing fails."""
@@ -73,7 +98,7 @@ def _violation_reason(label: str, violations: int, judged: int, max_rate: float
 
 
 def gate_verdict(
-    report: Report,
+    report: GatedReport,
     spec: GateSpec,
     *,
     max_rate: float | None = None,
@@ -125,7 +150,7 @@ def gate_verdict(
 
 
 def regression_gate(
-    report: Report, baseline_report_json: Path, max_regression: float,
+    report: GatedReport, baseline_report_json: Path, max_regression: float,
     regression_test: str = NONINFERIORITY,
 ) -> list[str]:
     """Compare each task's strategy@budget with the same cell of a baseline report.json
@@ -154,7 +179,7 @@ class RegressionFindings:
 
 
 def regression_findings(
-    report: Report, baseline_report_json: Path, max_regression: float,
+    report: GatedReport, baseline_report_json: Path, max_regression: float,
     regression_test: str = NONINFERIORITY,
 ) -> RegressionFindings:
     """Compare each task's strategy@budget with the same cell of a baseline report.json.

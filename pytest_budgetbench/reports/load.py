@@ -20,39 +20,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import ReportError
-from pytest_budgetbench.records.store import (
-    CELLS_FILE,
+from pytest_budgetbench.records.rows import (
+    CATEGORICAL,
+    CELL_KEY,
     FINAL_STATUSES,
+    MEASURES,
     ROW_FIELDS,
-    RUN_FILE,
     Status,
 )
+from pytest_budgetbench.records.store import CELLS_FILE, RunStore
 
 if TYPE_CHECKING:
     import pandas as pd
 
-CELL_KEY: tuple[str, ...] = ("task", "item_id", "strategy", "budget", "repeat")
-NUMERIC_FIELDS: tuple[str, ...] = (
-    "counted_tokens",
-    "utilisation",
-    "quality",
-    "strategy_s",
-    "model_s",
-    "output_tokens",
-    "aux_input_tokens",
-    "aux_output_tokens",
-    "aux_s",
-    "calls",
-    "sum_call_tokens",
-    "total_tokens",
-    "prefix_reuse",
-)
 NO_CATEGORY = "(none)"
 REPORT_FIELDS: tuple[str, ...] = (
-    *CELL_KEY, "status", "category", "reference", *NUMERIC_FIELDS, "aux_calls",
+    *CELL_KEY, "status", "category", "reference", *MEASURES, "aux_calls",
     "run_id", "model", "tokenizer", "error",
 )
-"""The row fields the report's own tables, facts and error list read."""
+"""The row fields the report's own tables, facts and error list read: the cell's key and
+the measures as the schema (records.rows) marks them, and a few fields it names."""
 
 BLOCK_BYTES = 8 << 20
 """cells.jsonl is read in blocks of about this many bytes of whole lines."""
@@ -60,11 +47,9 @@ BLOCK_BYTES = 8 << 20
 _COLUMN_SAMPLE = 1000
 """Keys beyond the schema become columns when one of the first this many rows has them."""
 
-# String fields with few distinct values: each distinct value is kept once per block, so a
-# million rows hold a million pointers to one "memory", not a million copies of it.
-_SHARED_STRINGS = frozenset({"task", "item_id", "strategy", "status", "category", "run_id",
-                             "model", "tokenizer", "error", "regime", "grader", "endpoint",
-                             "worker"})
+# String fields with few distinct values (the schema's CATEGORICAL): each distinct value is
+# kept once per block, so a million rows hold a million pointers to one "memory", not a
+# million copies of it.
 
 
 def cells_path(run_dir: Path) -> Path:
@@ -255,13 +240,12 @@ def read_run_info(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def run_info(run_dir: Path) -> dict[str, Any] | None:
-    """A run's run.json (its settings and definition), or None when it has none."""
-    path = (run_dir.parent if run_dir.is_file() else run_dir) / RUN_FILE
+    """A run's run.json (its settings and definition), or None when it has none or it
+    cannot be read."""
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        return RunStore.of(run_dir).run_info()
     except (OSError, ValueError):
         return None
-    return info if isinstance(info, dict) else None
 
 
 def _aux_call_count(value: object) -> float:
@@ -292,12 +276,12 @@ def _typed(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     df["status"] = df["status"].fillna(Status.ERROR.value).astype(str)
     df["category"] = df["category"].map(_category).astype(str)
     df["reference"] = df["reference"].eq(True).astype(bool)
-    for name in NUMERIC_FIELDS:
+    for name in MEASURES:
         df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
     df["aux_calls"] = df["aux_calls"].map(_aux_call_count).astype("float64")
     # Only scored, admitted cells have a quality; a stray value on another row is ignored.
     df.loc[df["status"] != Status.OK, "quality"] = float("nan")
-    for name in _SHARED_STRINGS.intersection(df.columns):
+    for name in CATEGORICAL.intersection(df.columns):
         df[name] = _shared(df[name])
     return df
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports.plots import Plot
 from pytest_budgetbench.reports.tables import key_values
 

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.records.store import CELLS_FILE, PROMPTS_FILE, CellRow, Status
+from pytest_budgetbench.records.rows import CellRow, Status
+from pytest_budgetbench.records.store import CELLS_FILE, PROMPTS_FILE
 
 
 def make_row(

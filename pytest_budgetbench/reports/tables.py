@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports.stats import (
     CHANGE_COLUMNS,
     bootstrap_cis,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.records.store import Status
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports.verdicts import violation_rate
 
 if TYPE_CHECKING:
@@ -179,7 +179,8 @@ def write_summary(
 ) -> None:
     """The summary of the run in ``run_dir``: the computed ``report``'s numbers when there
     is one, the gates' ``verdicts``, and where the report was written (or why not)."""
-    from pytest_budgetbench.records.store import CELLS_FILE, last_row_per_cell, read_jsonl
+    from pytest_budgetbench.records.rows import last_row_per_cell
+    from pytest_budgetbench.records.store import CELLS_FILE, read_jsonl
 
     rows = last_row_per_cell(read_jsonl(Path(run_dir) / CELLS_FILE))
     terminalreporter.section("budgetbench summary")

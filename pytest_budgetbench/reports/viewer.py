@@ -5,8 +5,10 @@ row (reply, extracted answer, gold, grader, auxiliary calls) and the prompt, whi
 ``prompts.jsonl`` holds (``--budgetbench-audit=full``; ``hash`` keeps its sha256 only).
 So it streams the run's files once more, and keeps the rows of at most
 :data:`MAX_ROWS` rows' worth of items: the first items in the records' order, shown sorted.
-Lines of other items are skipped on their ``item_id`` alone, read by a pattern, without
-parsing the line; ``prompts.jsonl`` lines are likewise skipped on their ``cell_id``.
+Rows are decoded as :mod:`~pytest_budgetbench.records.rows` defines them, the fields shown
+being the schema's (``PAGE_KEYS``); prompts and episodes are read through
+:class:`~pytest_budgetbench.records.store.RunStore`, which skips other cells' lines on
+their leading ``cell_id`` without parsing them.
 
 The document (:func:`viewer_data`) is what the page's script renders on demand::
 
@@ -18,7 +20,7 @@ The document (:func:`viewer_data`) is what the page's script renders on demand::
                  assistant's tool calls, [role, text, {"call": id, "name"?}] for a tool
                  result
            full  the full history (a reference cell's prompt) as indices into msgs, or null
-           rows  one per cell and repeat, keys as in _ROW_KEYS, "p" the prompt's msgs
+           rows  one per cell and repeat, keys as in records.rows.PAGE_KEYS, "p" the prompt's msgs
                  indices (null when not kept) and "pm" why ("full", "hash", "none", "cap");
                  an episode cell's row (``calls`` set) has "ep" (see :func:`_episode`), or
                  "em" why not ("none": no record in episodes.jsonl, "cap")
@@ -32,14 +34,16 @@ cannot read leaves that cell without an episode view, never the page without a v
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import text_of, tool_calls_of
-from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE
+from pytest_budgetbench.records.episodes import CALL_PAGE_KEYS, CallRecord, EpisodeRecord
+from pytest_budgetbench.records.prompts import PromptRecord
+from pytest_budgetbench.records.rows import PAGE_KEYS
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.reports.load import cells_path, parse_line
 
 MAX_ROWS = 25_000
@@ -53,24 +57,9 @@ MAX_AUX_CALLS = 50
 MAX_EPISODE_CALLS = 500
 """Calls of one episode shown; a longer episode says how many it had."""
 
-# Row field -> the short key the page reads (short: a page holds tens of thousands).
-_ROW_KEYS: dict[str, str] = {
-    "status": "s", "quality": "q", "grader": "g", "extracted": "x", "prediction": "y",
-    "error": "e", "counted_tokens": "t", "server_prompt_tokens": "st", "output_tokens": "o",
-    "utilisation": "u", "strategy_s": "ss", "model_s": "ms", "cached": "ca",
-    "aux_input_tokens": "ai", "aux_output_tokens": "ao", "aux_s": "as", "cell_id": "id",
-    "prompt_sha256": "sha",
-    # An episode cell's (a row with ``calls``): its calls, and the one over budget.
-    "calls": "nc", "call_tokens": "ct", "max_call_tokens": "mx", "p95_call_tokens": "p95",
-    "sum_call_tokens": "sm", "violated_call": "vc", "total_tokens": "tt",
-    "prefix_reuse": "pr", "ended": "en",
-}
+# The row fields shown, and each one's short key on the page, are the schema's
+# (records.rows.PAGE_KEYS); these are the free texts among them, cut when long.
 _CLIPPED = frozenset({"prediction", "error", "extracted"})
-
-# The first keys of a line as the record writer writes them (json.dumps' separators).
-_ITEM_ID = re.compile(rb'"item_id": ("(?:[^"\\]|\\.)*")')
-_TASK = re.compile(rb'"task": ("(?:[^"\\]|\\.)*")')
-_CELL_ID = re.compile(rb'^\{"cell_id": ("(?:[^"\\]|\\.)*")')
 
 
 @dataclass(frozen=True)
@@ -160,39 +149,24 @@ class _Picked:
 
 
 def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
-    """The rows of a cells file; once the page is full, only those of picked items: a line
-    of another item is counted from its ids, read by a pattern, and not parsed."""
+    """The rows of a cells file, each line parsed as the report's loader parses it (orjson
+    where installed); once the page is full, only those of picked items: a row of another
+    item is counted as left out."""
     try:
         handle = path.open("rb")
     except OSError:
         return
-    known: dict[tuple[bytes, bytes], tuple[str, str] | None] = {}  # raw ids -> ids
     with handle:
         for line in handle:
-            if picked.full:
-                ids = _line_ids(line, known)
-                if ids is not None and ids[1] not in picked.item_ids:
-                    picked.left_out.add(ids)
-                    continue
             row = parse_line(line)
-            if row is not None:
-                yield row
-
-
-def _line_ids(line: bytes, known: dict[tuple[bytes, bytes], tuple[str, str] | None]
-              ) -> tuple[str, str] | None:
-    """(task, item_id) of a cells.jsonl line, without parsing it; None if not found. An
-    item's rows share their ids' text, so each is decoded once (``known``)."""
-    task, item = _TASK.search(line), _ITEM_ID.search(line)
-    if task is None or item is None:
-        return None
-    raw = (task.group(1), item.group(1))
-    if raw not in known:
-        try:
-            known[raw] = (str(json.loads(raw[0])), str(json.loads(raw[1])))
-        except ValueError:
-            known[raw] = None
-    return known[raw]
+            if row is None:
+                continue
+            if picked.full and "task" in row and "item_id" in row:
+                item = (str(row["task"]), str(row["item_id"]))
+                if item[1] not in picked.item_ids:
+                    picked.left_out.add(item)
+                    continue
+            yield row
 
 
 def _wanted(picked: _Picked, episodes: bool = False) -> dict[tuple[str, str], str | None]:
@@ -206,70 +180,39 @@ def _wanted(picked: _Picked, episodes: bool = False) -> dict[tuple[str, str], st
     return wanted
 
 
-def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
+def _prompts(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], PromptRecord]:
     """(side, cell_id) -> the prompts.jsonl record of each picked row, the one whose sha256
     the row names when a resumed cell wrote several."""
     wanted = _wanted(picked)
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for side in sides:
-        for run_dir in side.run_dirs:
-            path = _run_file(run_dir, PROMPTS_FILE)
-            for cell_id, record in _records_of(path, {c for s, c in wanted if s == side.label}):
-                key = (side.label, cell_id)
-                if key not in found or record.get("prompt_sha256") == wanted[key]:
-                    found[key] = record
-    return found
-
-
-def _episodes(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], dict[str, Any]]:
-    """(side, cell_id) -> the episodes.jsonl record of each picked episode row: the last
-    one of its cell (a rerun's). No file is opened when no picked row is an episode's."""
-    wanted = _wanted(picked, episodes=True)
-    found: dict[tuple[str, str], dict[str, Any]] = {}
+    found: dict[tuple[str, str], PromptRecord] = {}
     for side in sides:
         cell_ids = {c for s, c in wanted if s == side.label}
         for run_dir in side.run_dirs:
-            for cell_id, record in _records_of(_run_file(run_dir, EPISODES_FILE), cell_ids):
-                found[(side.label, cell_id)] = record
+            for prompt in RunStore.of(run_dir).prompts_of(cell_ids):
+                key = (side.label, prompt.cell_id)
+                if key not in found or prompt.prompt_sha256 == wanted[key]:
+                    found[key] = prompt
     return found
 
 
-def _run_file(run_dir: Path, name: str) -> Path:
-    return (run_dir.parent if run_dir.is_file() else run_dir) / name
-
-
-def _records_of(path: Path, cell_ids: set[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The records of a per-cell JSON-lines file (prompts, episodes) for these cells, in
-    the file's order; a line of another cell is skipped on its leading ``cell_id``."""
-    if not cell_ids:
-        return
-    try:
-        handle = path.open("rb")
-    except OSError:
-        return
-    with handle:
-        for line in handle:
-            match = _CELL_ID.match(line)
-            if match is not None:
-                try:
-                    cell_id = json.loads(match.group(1))
-                except ValueError:
-                    continue
-                if cell_id not in cell_ids:
-                    continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn write
-            if isinstance(record, dict) and record.get("cell_id") in cell_ids:
-                yield str(record["cell_id"]), record
+def _episodes(sides: Sequence[Side], picked: _Picked) -> dict[tuple[str, str], EpisodeRecord]:
+    """(side, cell_id) -> the episodes.jsonl record of each picked episode row: the last
+    one of its cell (a rerun's). No file is opened when no picked row is an episode's."""
+    wanted = _wanted(picked, episodes=True)
+    found: dict[tuple[str, str], EpisodeRecord] = {}
+    for side in sides:
+        cell_ids = {c for s, c in wanted if s == side.label}
+        for run_dir in side.run_dirs:
+            for episode in RunStore.of(run_dir).episodes_of(cell_ids):
+                found[(side.label, episode.cell_id)] = episode
+    return found
 
 
 def _items(
     cells: Sequence[ViewerCell],
     picked: _Picked,
-    prompts: Mapping[tuple[str, str], dict[str, Any]],
-    episodes: Mapping[tuple[str, str], dict[str, Any]],
+    prompts: Mapping[tuple[str, str], PromptRecord],
+    episodes: Mapping[tuple[str, str], EpisodeRecord],
     max_prompt_chars: int,
 ) -> tuple[list[dict[str, Any]], int]:
     items = []
@@ -280,14 +223,14 @@ def _items(
         entries = []
         for (side, cell, repeat), row in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2])):
             cell_id = str(row.get("cell_id"))
-            record = prompts.get((side, cell_id))
+            prompt = prompts.get((side, cell_id))
             entry = _entry(row, cell, repeat)
-            if record is None:
+            if prompt is None:
                 entry["pm"] = "none"
-            elif not isinstance(record.get("messages"), list):
+            elif prompt.messages is None:
                 entry["pm"] = "hash"
             else:
-                entry["p"] = messages.indices(record["messages"])
+                entry["p"] = messages.indices(prompt.messages)
                 entry["pm"] = "full"
             if row.get("calls") is not None:
                 episode = _episode(episodes.get((side, cell_id)), messages)
@@ -320,63 +263,57 @@ def _items(
     return items, capped
 
 
-def _episode(record: Mapping[str, Any] | None, messages: _Messages) -> dict[str, Any] | None:
+def _episode(record: EpisodeRecord | None, messages: _Messages) -> dict[str, Any] | None:
     """An episode's record for the page, its messages held in the item's table::
 
         {"traj": msgs indices of the trajectory, "tools": [tool names], "ended": str,
          "calls": [{"k": call number, "p": msgs indices of the prompt as sent,
                     "n": positions in "p" of messages the strategy made,
                     "d": msgs indices of trajectory messages it dropped (before "seen"),
-                    "seen", "t" counted tokens, "st", "o", "ms", "ca", "nt" tools sent}],
+                    "seen", and the call's fields by their short keys (records.episodes'
+                    CALL_PAGE_KEYS: "t" counted tokens, "st", "o", "ms", "ca", "nt")}],
          "callsn": the episode's calls when more than MAX_EPISODE_CALLS}
 
-    None when there is no record, or one without a trajectory and calls."""
+    None when there is no record (a record without a trajectory and calls is none)."""
     if record is None:
         return None
-    trajectory, calls = record.get("trajectory"), record.get("calls")
-    if not isinstance(trajectory, list) or not isinstance(calls, list):
-        return None
-    positions = messages.indices(trajectory)
-    shown = [_episode_call(call, positions, messages) for call in calls[:MAX_EPISODE_CALLS]
-             if isinstance(call, dict)]
-    tools = record.get("tools")
+    calls = record.calls
+    positions = messages.indices(record.trajectory)
+    shown = [_episode_call(call, positions, messages) for call in calls[:MAX_EPISODE_CALLS]]
     episode: dict[str, Any] = {
-        "traj": positions, "ended": record.get("ended"), "calls": shown,
-        "tools": [_tool_name(tool) for tool in tools] if isinstance(tools, list) else [],
+        "traj": positions, "ended": record.ended, "calls": shown,
+        "tools": [_tool_name(tool) for tool in record.tools],
     }
     if len(calls) > MAX_EPISODE_CALLS:
         episode["callsn"] = len(calls)
     return episode
 
 
-def _episode_call(call: Mapping[str, Any], positions: list[int], messages: _Messages
+def _episode_call(call: CallRecord, positions: list[int], messages: _Messages
                   ) -> dict[str, Any]:
-    """One call: its prompt rebuilt from ``{"t": i}`` (trajectory[i] as is) and ``{"m":
-    message}`` (the strategy's own) entries; what it dropped is every trajectory message
-    before ``seen`` that no entry names."""
+    """One call: its prompt rebuilt from its parts (a trajectory message as is, or one the
+    strategy made); what it dropped is every trajectory message before ``seen`` that no
+    part names."""
     sent: list[int] = []
     made: list[int] = []
     named: set[int] = set()
-    prompt = call.get("prompt")
-    for part in prompt if isinstance(prompt, list) else []:
-        at = part.get("t") if isinstance(part, dict) else None
-        if isinstance(at, int) and 0 <= at < len(positions):
-            named.add(at)
-            sent.append(positions[at])
-        elif isinstance(part, dict) and "m" in part:
+    for part in call.prompt_parts():
+        if isinstance(part, int):
+            if 0 <= part < len(positions):
+                named.add(part)
+                sent.append(positions[part])
+        else:
             made.append(len(sent))
-            sent.extend(messages.indices([part["m"]]))
-    seen = call.get("seen")
-    seen = min(seen, len(positions)) if isinstance(seen, int) else len(positions)
+            sent.extend(messages.indices([part]))
+    seen = min(call.seen, len(positions)) if isinstance(call.seen, int) else len(positions)
     dropped = [positions[i] for i in range(seen) if i not in named]
     messages.chars += 4 * (len(sent) + len(dropped))  # the indices weigh on the page too
-    entry: dict[str, Any] = {"k": call.get("call"), "p": sent, "n": made, "d": dropped,
+    entry: dict[str, Any] = {"k": call.call, "p": sent, "n": made, "d": dropped,
                              "seen": seen}
-    for name, key in (("counted_tokens", "t"), ("server_prompt_tokens", "st"),
-                      ("output_tokens", "o"), ("model_s", "ms"), ("cached", "ca"),
-                      ("tools", "nt")):
-        if call.get(name) is not None:
-            entry[key] = call[name]
+    for name, key in CALL_PAGE_KEYS.items():
+        value = getattr(call, name)
+        if value is not None:
+            entry[key] = value
     return entry
 
 
@@ -388,7 +325,7 @@ def _tool_name(tool: Any) -> str:
 
 def _entry(row: Mapping[str, Any], cell: int, repeat: int) -> dict[str, Any]:
     entry: dict[str, Any] = {"c": cell, "r": repeat}
-    for name, key in _ROW_KEYS.items():
+    for name, key in PAGE_KEYS.items():
         value = row.get(name)
         if value is None or value == "":
             continue
@@ -483,11 +420,3 @@ def _integer(value: object) -> int:
         return int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return 0
-
-
-def page_json(document: Mapping[str, Any]) -> str:
-    """The document as JSON that can sit inside a <script type="application/json"> block:
-    no "<", ">" or "&" is left in it, so model text can never close the block."""
-    text = json.dumps(document, ensure_ascii=False, allow_nan=False, default=str,
-                      separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

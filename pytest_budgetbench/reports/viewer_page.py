@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from pytest_budgetbench.records.store import Status
-from pytest_budgetbench.reports.viewer import page_json
+from pytest_budgetbench.records.rows import Status
 
 STYLE = """
 #bb-viewer{position:fixed;inset:10px;overflow:auto;z-index:10;background:#fff;
@@ -85,6 +85,14 @@ def cell_href(index: int) -> str:
 
 def item_href(key: str) -> str:
     return "#item=" + urllib.parse.quote(key, safe="")
+
+
+def page_json(document: Mapping[str, Any]) -> str:
+    """The document as JSON that can sit inside a <script type="application/json"> block:
+    no "<", ">" or "&" is left in it, so model text can never close the block."""
+    text = json.dumps(document, ensure_ascii=False, allow_nan=False, default=str,
+                      separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def viewer_page(document: Mapping[str, Any]) -> ViewerPage:

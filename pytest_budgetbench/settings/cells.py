@@ -58,8 +58,14 @@ class Cell:
     """The strategy's own ``name``, used in ids; defaults to ``strategy``."""
 
     @property
+    def strategy_label(self) -> str:
+        """The strategy as ids, rows and reports name it: its own ``name``, else how it was
+        selected."""
+        return self.strategy_name or self.strategy
+
+    @property
     def cell_id(self) -> str:
-        parts = [self.task, self.item_id, self.strategy_name or self.strategy, str(self.budget)]
+        parts = [self.task, self.item_id, self.strategy_label, str(self.budget)]
         if self.repeat:
             parts.append(f"r{self.repeat}")
         return "-".join(id_part(p) for p in parts)

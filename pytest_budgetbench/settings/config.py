@@ -29,6 +29,7 @@ from pytest_budgetbench.options import (
     non_negative,
     positive_int,
     rate,
+    resolve_values,
     seconds,
 )
 from pytest_budgetbench.settings.shards import AUTO as AUTO_SHARD
@@ -40,6 +41,9 @@ from pytest_budgetbench.settings.task_grammar import (
     parse_task_list,
     task_entries,
 )
+
+TASK_OPTIONS_FLAG = "--budgetbench-task-options"
+STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
 
 BUDGETS_OFF = "off"
 """``--budgets=off``: no sweep, even when the ini sets budgets."""
@@ -326,6 +330,17 @@ class Settings:
                 name: redact_url(target) for name, target in self.aux_models.items()
             }
         return recorded
+
+
+def task_values(cls: type[Any], settings: Settings) -> dict[str, Any]:
+    """The parsed values of the options the task class ``cls`` declares, as ``settings``
+    give them or at their defaults."""
+    return resolve_values(cls, settings.raw_task_options(), TASK_OPTIONS_FLAG)
+
+
+def strategy_values(cls: type[Any], settings: Settings) -> dict[str, Any]:
+    """The same for the strategy class ``cls``."""
+    return resolve_values(cls, settings.raw_strategy_options(), STRATEGY_OPTIONS_FLAG)
 
 
 def _default(name: str) -> Any:

@@ -27,8 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pytest_budgetbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.settings.cells import Cell
 
 AUTO = "auto"
 """``--budgetbench-shard=auto``."""
@@ -145,3 +149,15 @@ def _number(env: dict[str, str], name: str, *, minimum: int) -> int:
         kind = "a non-negative integer" if minimum == 0 else "a positive integer"
         raise ConfigError(f"--budgetbench-shard=auto: {name} must be {kind} (got {raw!r})")
     return int(raw)
+
+
+def shard_cells(
+    cells: list[Cell], items: dict[str, list[str]], index: int, count: int
+) -> list[Cell]:
+    """Shard ``index`` of ``count`` (1-based): every count-th item across all tasks, so
+    shards are even and an item's cells, which pair with each other, stay together."""
+    positions: dict[tuple[str, int], int] = {}
+    for task, item_ids in items.items():
+        for item_index in range(len(item_ids)):
+            positions[(task, item_index)] = len(positions)
+    return [c for c in cells if positions[(c.task, c.item_index)] % count == index - 1]

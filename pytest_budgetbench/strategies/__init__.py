@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.settings.cells import clean_part
 from pytest_budgetbench.settings.registry import Registry
 from pytest_budgetbench.strategies.base import (
     AuxiliaryModel,
@@ -22,6 +25,7 @@ __all__ = [
     "Strategy",
     "StrategyContext",
     "load_strategy",
+    "strategy_classes",
     "tool_refusal",
     "tool_strategies",
 ]
@@ -61,6 +65,37 @@ REGISTRY: Registry[Strategy] = Registry(
     adapt=plain_strategy_class,
     accepts="a callable (messages, budget) -> messages",
 )
+
+
+def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
+    """Each strategy spec's class, in order; its ``name`` is what its cells and rows carry.
+    Two specs that resolve to one name, or to names that read as one in cell ids
+    (``keep-ends`` and ``keep_ends``), or a class without a name, are a ConfigError."""
+    classes: dict[str, type[Strategy]] = {}
+    spec_of: dict[str, str] = {}
+    name_of: dict[str, str] = {}  # each name's readable id part -> the name
+    for spec in specs:
+        cls = REGISTRY.resolve(spec)
+        name = getattr(cls, "name", "")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(
+                f"strategy '{spec}' has no name: set its class attribute 'name' to the name "
+                "its cells and rows should carry"
+            )
+        if name in spec_of:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[name]}' and '{spec}' are both named "
+                f"'{name}', so their cells and rows would mix; give one another name"
+            )
+        other = name_of.setdefault(clean_part(name), name)
+        if other != name:
+            raise ConfigError(
+                f"--budgetbench-strategies: '{spec_of[other]}' and '{spec}' are named "
+                f"'{other}' and '{name}', which read as one ('{clean_part(name)}') in cell "
+                "ids; give one another name"
+            )
+        classes[spec], spec_of[name] = cls, spec
+    return classes
 
 
 def load_strategy(spec: str) -> Strategy:

@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import threading
@@ -30,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.model.structured import Schema
+from pytest_budgetbench.canonical import json_sha256
+from pytest_budgetbench.messages import Message, Schema, text_of
 from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
 
@@ -77,9 +76,8 @@ class BuiltMemories(Generic[T]):
             *settings: Any) -> str:
         """The memory's address: the item's messages, the window and any setting that
         changes what is built."""
-        text = json.dumps([list(head), list(history), window, list(settings)],
-                          sort_keys=True, default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return json_sha256([list(head), list(history), window, list(settings)],
+                           ensure_ascii=True, default=str)
 
     def get(self, key: str) -> T | None:
         with self._lock:

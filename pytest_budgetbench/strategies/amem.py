@@ -112,8 +112,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_budgetbench.errors import Requirement
-from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.model.structured import Schema
+from pytest_budgetbench.messages import Message, Schema, text_of
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import Piece, chunk_history, newest_first, piece_text
 from pytest_budgetbench.strategies._memory_system import (

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pytest_budgetbench.errors import Requirement
-from pytest_budgetbench.messages import Message, Tool
-from pytest_budgetbench.model.structured import Schema
+from pytest_budgetbench.messages import Message, Schema, Tool
 from pytest_budgetbench.options import Option
 
 if TYPE_CHECKING:

@@ -73,8 +73,7 @@ from types import ModuleType
 from typing import Any
 
 from pytest_budgetbench.errors import MissingDependency, Requirement
-from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.model.structured import Schema
+from pytest_budgetbench.messages import Message, Schema, text_of
 from pytest_budgetbench.options import Option, choice, positive_int
 from pytest_budgetbench.strategies._chunking import chunk_history, newest_first
 from pytest_budgetbench.strategies._memory_system import (

@@ -62,8 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_budgetbench.errors import Requirement
-from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model.structured import Schema
+from pytest_budgetbench.messages import Message, Schema
 from pytest_budgetbench.options import Option, positive_int
 from pytest_budgetbench.strategies._chunking import newest_first
 from pytest_budgetbench.strategies._memory_system import (

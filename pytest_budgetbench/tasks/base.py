@@ -18,7 +18,7 @@ from pytest_budgetbench.messages import Message, Tool, tool_calls_of
 from pytest_budgetbench.options import DataFile, Option, positive_int
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.chat import ChatBackend
+    from pytest_budgetbench.model.backend import ChatBackend
 
 CHUNK_TOKENS = Option(
     "chunk_tokens", "chunk size in tokens when long contexts become messages", positive_int,

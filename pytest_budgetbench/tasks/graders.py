@@ -41,7 +41,7 @@ from pytest_budgetbench.tasks._text import (
 from pytest_budgetbench.tasks.base import Grade, Item
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.chat import ChatBackend
+    from pytest_budgetbench.model.backend import ChatBackend
 
 VERSION = 1
 """Bump when a built-in's scores can change: it is in every grader id."""

@@ -61,7 +61,7 @@ from pytest_budgetbench.tasks._text import (
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.chat import ChatBackend
+    from pytest_budgetbench.model.backend import ChatBackend
 
 OFFICIAL_FILES = ("longmemeval_oracle.json", "longmemeval_s.json", "longmemeval_m.json")
 FIELDS = ("question_id", "question_type", "question", "answer", "question_date",

@@ -28,11 +28,11 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_budgetbench.errors import BudgetExceeded, RequestTimeout, TokenizerError
+from pytest_budgetbench.canonical import json_sha256
+from pytest_budgetbench.errors import RequestTimeout, TokenizerError
 from pytest_budgetbench.messages import Message, Tool, as_sent, text_of, tool_calls_of
 from pytest_budgetbench.model.deadline import DeadlineClients
 from pytest_budgetbench.model.digests import file_digest
@@ -139,8 +139,7 @@ class CountStore(Protocol):
 
 def message_key(message: Message) -> str:
     """A stable content key for one message, used by caches."""
-    blob = json.dumps(message, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return json_sha256(message)
 
 
 def _plain_message(message: Message) -> tuple[str, str] | None:
@@ -158,8 +157,7 @@ def prompt_sha256(messages: Sequence[Message], tools: Sequence[Tool] | None = No
     prompt without tools keeps the digest it always had)."""
     value: object = list(messages) if not tools else {"messages": list(messages),
                                                       "tools": list(tools)}
-    blob = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return json_sha256(value)
 
 
 _VERIFIED: dict[tuple[type, Hashable], Additivity] = {}
@@ -494,7 +492,7 @@ class GGUFCounter(TokenCounter):
         require("llama_cpp", "local", "--budgetbench-tokenizer=gguf:")
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        from pytest_budgetbench.embedded.models import vocab_only_llama
+        from pytest_budgetbench.model.gguf import vocab_only_llama
 
         path = Path(model_path)
         if not path.is_file():
@@ -775,34 +773,3 @@ class ServerCounter(TokenCounter):
         assert self._route is not None
         return self._post(self._text_payload(self._route, text))
 
-
-@dataclass(frozen=True)
-class BudgetCheck:
-    counted: int
-    budget: int
-
-    @property
-    def fits(self) -> bool:
-        return self.counted <= self.budget
-
-    @property
-    def excess(self) -> int:
-        return max(0, self.counted - self.budget)
-
-
-def violation_message(
-    cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter
-) -> str:
-    """What went over budget, by how much, and as which tokenizer counted it."""
-    kind = "exact" if counter.exact else "approx"
-    return (
-        f"cell {cell_id} would send {check.counted} prompt tokens "
-        f"(budget {check.budget}, tokenizer {counter.name} {kind}); "
-        f"strategy '{strategy}' exceeded by {check.excess}"
-    )
-
-
-def enforce(cell_id: str, strategy: str, check: BudgetCheck, counter: TokenCounter) -> None:
-    """Raise BudgetExceeded, with the figures, when a prompt does not fit its budget."""
-    if not check.fits:
-        raise BudgetExceeded(violation_message(cell_id, strategy, check, counter))

@@ -35,12 +35,13 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.strategies.budgetmem.router import (
+    EpisodeResult,
     Features,
     Sampler,
     checkpoint_path,
@@ -83,13 +84,6 @@ class CostNormaliser:
 
 
 # -- episodes --------------------------------------------------------------------------------
-@dataclass
-class EpisodeResult:
-    score: float
-    cost: float
-    tiers: dict[str, str] = field(default_factory=dict)
-
-
 class Environment(Protocol):
     """What training runs episodes on: ``size`` training queries of ``dim``-dimensional
     embeddings; ``run`` plays query ``index`` with tiers from ``sample``."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -131,6 +132,16 @@ class SampledBudgetMem(BudgetMem):
 
     def choose(self, module: str, state: State, services: Services) -> Tier:
         return self.sample(features(module, state, services))
+
+
+@dataclass
+class EpisodeResult:
+    """What one training episode of a :class:`SampledBudgetMem` yields: the task's score of
+    its answer, its processing cost and the tier it drew for each module, by name."""
+
+    score: float
+    cost: float
+    tiers: dict[str, str] = field(default_factory=dict)
 
 
 _ROUTERS: dict[str, type[BudgetMemRouter]] = {}
