@@ -97,6 +97,22 @@ class CellResult:
         return cls(cell, item, row, prompt, bool(row.reference), violation)
 
 
+@dataclass
+class CellWork:
+    """A cell whose strategy is built and whose row is begun: what the single-call path
+    and the episode path both run on."""
+
+    cell: Cell
+    item: Item
+    strategy: Strategy
+    context: StrategyContext
+    row: CellRow
+    timer: Timer | None
+
+    def parts(self) -> tuple[Cell, Item, Strategy, StrategyContext, CellRow, Timer | None]:
+        return self.cell, self.item, self.strategy, self.context, self.row, self.timer
+
+
 class Runner:
     """Runs cells in one process; strategies, tasks and the counter are built once."""
 
@@ -175,9 +191,10 @@ class Runner:
             strategy = strategy or self._load(cell)
             self._describe(row, strategy, cell)
             context = self._context(cell, item, strategy)
+            work = CellWork(cell, item, strategy, context, row, timer)
             if isinstance(task, EpisodicTask):
-                return self._run_episode(cell, task, item, strategy, context, row, timer)
-            return self._run(cell, task, item, strategy, context, row, timer)
+                return self._run_episode(work, task)
+            return self._run(work, task)
         except (RecordError, RunStopping):
             raise  # the row could not be written, or must not be: nothing more to record
         except (BudgetBenchError, StrategyAborted) as exc:
@@ -193,16 +210,8 @@ class Runner:
             self.tokens.save_counts()  # one transaction per cell for the counts it made
             self._tell_unread_calls()
 
-    def _run(
-        self,
-        cell: Cell,
-        task: Task,
-        item: Item,
-        strategy: Strategy,
-        context: StrategyContext,
-        row: CellRow,
-        timer: Timer | None,
-    ) -> CellResult:
+    def _run(self, work: CellWork, task: Task) -> CellResult:
+        cell, item, strategy, context, row, timer = work.parts()
         prompt, row.strategy_s, counted = self._apply(strategy, item, cell, context)
         self._record_strategy(row, context)
         sha = prompt_sha256(prompt, item.tools)
@@ -234,18 +243,10 @@ class Runner:
             self.store.write_export(*exported)
         return CellResult(cell, item, row, prompt, strategy.reference)
 
-    def _run_episode(
-        self,
-        cell: Cell,
-        task: EpisodicTask,
-        item: Item,
-        strategy: Strategy,
-        context: StrategyContext,
-        row: CellRow,
-        timer: Timer | None,
-    ) -> CellResult:
+    def _run_episode(self, work: CellWork, task: EpisodicTask) -> CellResult:
         """An agent episode: the strategy builds, and the runner counts and enforces, the
         prompt of every call (see :mod:`~pytest_budgetbench.engine.episode`)."""
+        cell, item, strategy, context, row, timer = work.parts()
         environment = task.environment(item)
         try:
             self._as_strategy_error(strategy, cell, lambda: self._within_timeout(

@@ -147,21 +147,27 @@ def cell_records(path: Path, cell_ids: Collection[str]
     long."""
     if not cell_ids:
         return
+    for line in lines_of(path):
+        leading = _leading_cell_id(line)
+        if leading is not None and leading not in cell_ids:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn write
+        if isinstance(record, dict) and record.get("cell_id") in cell_ids:
+            yield str(record["cell_id"]), record
+
+
+def lines_of(path: Path) -> Iterator[bytes]:
+    """The raw lines of a JSON-lines file; none where it cannot be opened (a run that
+    never wrote it, a file being replaced): readers of records skip what they cannot use."""
     try:
         handle = path.open("rb")
     except OSError:
         return
     with handle:
-        for line in handle:
-            leading = _leading_cell_id(line)
-            if leading is not None and leading not in cell_ids:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn write
-            if isinstance(record, dict) and record.get("cell_id") in cell_ids:
-                yield str(record["cell_id"]), record
+        yield from handle
 
 
 _LEADING_CELL_ID = '{"cell_id": '

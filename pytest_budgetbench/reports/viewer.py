@@ -43,7 +43,7 @@ from pytest_budgetbench.messages import text_of, tool_calls_of
 from pytest_budgetbench.records.episodes import CALL_PAGE_KEYS, CallRecord, EpisodeRecord
 from pytest_budgetbench.records.prompts import PromptRecord
 from pytest_budgetbench.records.rows import PAGE_KEYS
-from pytest_budgetbench.records.store import RunStore
+from pytest_budgetbench.records.store import RunStore, lines_of
 from pytest_budgetbench.reports.load import cells_path, parse_line
 
 MAX_ROWS = 25_000
@@ -152,21 +152,16 @@ def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
     """The rows of a cells file, each line parsed as the report's loader parses it (orjson
     where installed); once the page is full, only those of picked items: a row of another
     item is counted as left out."""
-    try:
-        handle = path.open("rb")
-    except OSError:
-        return
-    with handle:
-        for line in handle:
-            row = parse_line(line)
-            if row is None:
+    for line in lines_of(path):
+        row = parse_line(line)
+        if row is None:
+            continue
+        if picked.full and "task" in row and "item_id" in row:
+            item = (str(row["task"]), str(row["item_id"]))
+            if item[1] not in picked.item_ids:
+                picked.left_out.add(item)
                 continue
-            if picked.full and "task" in row and "item_id" in row:
-                item = (str(row["task"]), str(row["item_id"]))
-                if item[1] not in picked.item_ids:
-                    picked.left_out.add(item)
-                    continue
-            yield row
+        yield row
 
 
 def _wanted(picked: _Picked, episodes: bool = False) -> dict[tuple[str, str], str | None]:
