@@ -9,7 +9,8 @@ Faults are scripted per request: ``server.faults = ["500", "429", "timeout", "ma
 "none", "null", "drop"]`` makes the next requests fail in that order (``""`` answers one
 as usual: ``["", "500"]`` fails the second). For a fault-injection run,
 ``server.inject(rate, kinds, seed)`` makes each request fail with probability ``rate``
-instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, and
+instead, with a kind drawn from ``kinds``. ``latency_s`` delays every answer, ``hold``
+(an Event) keeps every answer back until it is set, and
 ``max_in_flight`` records the most requests it was ever serving at once.
 
 ``"drip"`` is a whole reply, padded to ``drip_bytes``, sent one byte every ``drip_s``
@@ -163,6 +164,8 @@ class FakeOpenAI:
         self.authorizations: list[str] = []
         self.timeout_s = 3.0
         self.latency_s = 0.0
+        self.hold: threading.Event | None = None
+        """When set to an Event, every chat request waits for it before it is answered."""
         self.injected: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -314,6 +317,8 @@ class FakeOpenAI:
                 fault = fake.next_fault()
                 if fake.latency_s:
                     time.sleep(fake.latency_s)
+                if fake.hold is not None:
+                    fake.hold.wait(timeout=120)  # bounded: a test that forgets still ends
                 if fault == "500":
                     self._send(500, b'{"error": {"message": "injected"}}')
                 elif fault == "429":

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -407,12 +408,13 @@ def test_a_run_in_use_by_another_session_is_refused(
 def test_ctrl_c_starts_no_model_call_and_leaves_the_episodes_in_flight_for_the_resume(
     tmp_path: Path,
 ) -> None:
-    """Two episodes in flight in threads (--budgetbench-concurrency=2), each call slow:
-    after SIGINT no call is sent (the threads used to play their episodes to the end,
-    30-40 s on the embedded model, before the process could exit), no row is written for
-    them, and the resume completes both."""
+    """Two episodes in flight in threads (--budgetbench-concurrency=2), their first calls
+    held by the endpoint: after SIGINT (once the summary shows the interrupt was handled)
+    the held replies are let go, and no further call is sent (the threads used to play
+    their episodes to the end, 30-40 s on the embedded model, before the process could
+    exit); no row is written for them, and the resume completes both."""
     agent = FakeOpenAI(responder=agent_responder).start()
-    agent.latency_s = 1.5
+    agent.hold = threading.Event()
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
                *sweep_args(agent, tmp_path, "--budgets=8192", "--budgetbench-tasks=agent_lookup",
                            "--budgetbench-items=2", "--budgetbench-task-options=lookups=4",
@@ -425,18 +427,30 @@ def test_ctrl_c_starts_no_model_call_and_leaves_the_episodes_in_flight_for_the_r
                                    stderr=subprocess.STDOUT, text=True,
                                    preexec_fn=lambda: signal.signal(signal.SIGINT,
                                                                     signal.SIG_DFL))
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()),
+                                  daemon=True)
+        reader.start()
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 120  # guards, not measures
             while time.monotonic() < deadline and len(agent.requests) < 2:
                 time.sleep(0.01)
             assert len(agent.requests) == 2, "both episodes should be in their first call"
             process.send_signal(signal.SIGINT)
-            output, _ = process.communicate(timeout=120)  # a guard, not a measure
+            while time.monotonic() < deadline and not any("KeyboardInterrupt" in line
+                                                          for line in lines):
+                time.sleep(0.01)
+            agent.hold.set()  # the calls in flight end; none may follow them
+            process.wait(timeout=120)
+            reader.join(timeout=10)
         finally:
+            agent.hold.set()
             process.kill()
+        output = "".join(lines)
         assert len(agent.requests) == 2, output[-3000:]
         run = runs_in(tmp_path)[0]
         assert not (run / "cells.jsonl").exists() or rows_in(run) == []
+        agent.hold = None
         resumed = subprocess.run([*command, "--budgetbench-resume=latest"], cwd=tmp_path,
                                  capture_output=True, text=True, timeout=300)
     finally:
