@@ -17,7 +17,7 @@ import pytest
 from pytest_budgetbench.commands.regrade import regrade_run
 from pytest_budgetbench.engine.episode import percentile, prompt_entries, shared_prefix
 from pytest_budgetbench.errors import DataError
-from pytest_budgetbench.messages import check_tool_pairs
+from pytest_budgetbench.messages import check_tool_pairs, text_of
 from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL, AgentLookupTask
 from pytest_budgetbench.tokens.counters import GGUFCounter
@@ -130,6 +130,19 @@ def test_the_lookup_task_is_deterministic_and_its_answer_sits_in_the_first_resul
     item = first[0]
     key = item.meta["keys"][0]
     assert f"Record {key}: code {item.answer}." in item.meta["files"][key]
+
+
+def test_the_lookup_evidence_is_the_first_record_line_as_its_tool_result_holds_it() -> None:
+    for item in AgentLookupTask(TaskOptions(seed=5, items=4, extra={"lookups": 4})).load():
+        first = item.meta["keys"][0]
+        assert item.evidence == (f"Record {first}: code {item.answer}.",)
+        assert not any(item.evidence[0] in text_of(m) for m in item.messages)
+        env = AgentLookupTask(TaskOptions()).environment(item)
+        call = {"id": "c0", "type": "function",
+                "function": {"name": "lookup", "arguments": json.dumps({"key": first})}}
+        results = env.respond({"role": "assistant", "content": None, "tool_calls": [call]})
+        assert results is not None and results[0]["role"] == "tool"
+        assert text_of(results[0]).count(item.evidence[0]) == 1
 
 
 def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(

@@ -114,6 +114,31 @@ def test_evidence_is_in_the_history() -> None:
             assert re.search(rf"\b{re.escape(item.answer)}\b", joined)
 
 
+@pytest.mark.parametrize("position", ["early", "anywhere"])
+def test_declared_evidence_is_the_planted_turn_verbatim_in_one_message(position: str) -> None:
+    for seed in range(4):
+        loaded = MemoryTask(TaskOptions(items=10, seed=seed, extra={
+            "history_tokens": 300 * (seed + 1), "evidence_position": position})).load()
+        for item in loaded:
+            texts = [text_of(m) for m in item.messages[1:-1]]
+            if item.category == "abstention":
+                assert item.evidence == ()
+                continue
+            for span in item.evidence:
+                assert sum(span in text for text in texts) == 1, (seed, item.item_id, span)
+            stated = item.evidence[0]
+            assert stated.startswith("Please remember this: ")
+            if item.category == "knowledge-update":
+                assert f"now I live in {item.answer['answer']}." in stated
+            elif item.category == "temporal-reasoning":
+                assert item.evidence[1] == f"[{item.answer}]"  # the session's date tag
+                assert len(item.evidence) == 2
+            else:
+                assert re.search(rf"\b{re.escape(item.answer)}\b", stated)
+            if item.category != "temporal-reasoning":
+                assert len(item.evidence) == 1
+
+
 def _sessions(item: Item) -> list[int]:
     """Index in ``item.messages`` of each session's first message."""
     return [i for i, m in enumerate(item.messages) if _DATED.match(text_of(m))]

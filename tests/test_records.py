@@ -183,7 +183,9 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
     schema_3_fields = schema_2_fields | {
         "calls", "ended", "call_tokens", "max_call_tokens", "p95_call_tokens",
         "sum_call_tokens", "violated_call", "total_tokens", "prefix_reuse"}
-    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (3, schema_3_fields)
+    # Schema 4 (issue 33): evidence retention, null where an item declares no evidence.
+    schema_4_fields = schema_3_fields | {"evidence_total", "evidence_kept", "evidence_retention"}
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (4, schema_4_fields)
 
 
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_budgetbench.errors import DataError
-from pytest_budgetbench.tasks import TaskOptions
+from pytest_budgetbench.messages import text_of
+from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import hotpotqa_records, write_json
 from pytest_budgetbench.tasks.hotpotqa import HotpotQATask, exact_match, f1_score
 
@@ -110,6 +111,36 @@ def test_data_errors(tmp_path: Path) -> None:
     write_json(bad, records)
     with pytest.raises(DataError, match="answer"):
         _task(bad).load()
+
+
+def _in_one_message(item: Item) -> bool:
+    return all(sum(span in text_of(m) for m in item.messages[1:-1]) >= 1
+               for span in item.evidence)
+
+
+def test_evidence_is_the_supporting_fact_sentences_verbatim(data_file: Path) -> None:
+    first, second = _task(data_file).load()
+    assert first.evidence == ("Ada Lark (born 1950) is an American director.",
+                              "Ben Moss (1924-1978) was an American filmmaker.")
+    assert second.evidence == ("Kiss and Tell is a 1945 film starring Shirley Temple.",
+                               "She served as Chief of Protocol of the United States.")
+    assert _in_one_message(first) and _in_one_message(second)
+
+
+def test_a_supporting_fact_past_its_paragraph_is_left_out(tmp_path: Path) -> None:
+    records = hotpotqa_records()
+    records[0]["supporting_facts"] = [["Ada Lark", 1], ["Ada Lark", 5], ["Nobody", 0]]
+    (item, _) = _task(write_json(tmp_path / "h.json", records)).load()
+    assert item.evidence == ("She lives in Ohio.",)
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="shared HotpotQA data not present")
+def test_real_file_evidence_is_every_supporting_fact_verbatim() -> None:
+    items = _task(REAL).load()
+    assert sum(len(item.evidence) for item in items) == 75  # every supporting fact
+    assert all(item.evidence and _in_one_message(item) for item in items)
+    small = _task(REAL, chunk_tokens=64).load()
+    assert all(_in_one_message(item) for item in small)
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="shared HotpotQA data not present")

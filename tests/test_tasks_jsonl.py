@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.errors import ConfigError, DataError
-from pytest_budgetbench.messages import as_sent
+from pytest_budgetbench.messages import as_sent, text_of
 from pytest_budgetbench.options import resolve_values
 from pytest_budgetbench.settings.task_grammar import parse_task_definition, split_top_level
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task
@@ -181,6 +181,25 @@ BAD = [
     ({"messages": [*TRAJECTORY, QUESTION], "answer": "Rex", "tools": [{"name": "lookup_pet"}]},
      "line 2: field 'tools' has tool 0 that is not {'type': 'function', 'function': "
      "{'name': str"),
+    # Evidence: strings or message indices inside the history.
+    ({"messages": [*CHAT, QUESTION], "answer": "Rex", "evidence": [0, 3]},
+     "line 2: field 'evidence' names message 3, but the history has 3 messages (indices 0 "
+     "to 2)"),
+    ({"history": CHAT, "question": "Who?", "answer": "Rex", "evidence": -1},
+     "line 2: field 'evidence' names message -1, but the history has 3 messages"),
+    ({"messages": [*CHAT, QUESTION], "answer": "Rex", "evidence": {"text": "Rex"}},
+     "line 2: field 'evidence' must be a string, a message index or a list of them (got "
+     '{"text": "Rex"} that is a dict)'),
+    ({"messages": [*CHAT, QUESTION], "answer": "Rex", "evidence": ["Rex", 1.5]},
+     "line 2: field 'evidence' must be a string, a message index or a list of them (got 1.5 "
+     "that is a float)"),
+    ({"messages": [*CHAT, QUESTION], "answer": "Rex", "evidence": [True]},
+     "line 2: field 'evidence' must be a string, a message index or a list of them (got "
+     "true that is a bool)"),
+    ({"messages": [*CHAT, QUESTION], "answer": "Rex", "evidence": ["  "]},
+     "line 2: field 'evidence' holds an empty string"),
+    ({"messages": [*TRAJECTORY, QUESTION], "answer": "Rex", "evidence": [1]},
+     "line 2: field 'evidence' names message 1, which has no text (a tool call or an image)"),
 ]
 
 
@@ -221,6 +240,61 @@ def test_csv_cells_hold_a_trajectory_and_its_tools_as_json(tmp_path: Path) -> No
     path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
     (item,) = _task(path).load()
     assert item.messages[2] == TRAJECTORY[2] and item.tools == tuple(TOOLS)
+
+
+def test_evidence_is_strings_as_given_or_message_indices_as_their_text(tmp_path: Path) -> None:
+    path = _write(tmp_path / "chats.jsonl",
+                  {"id": "s", "messages": [*CHAT, QUESTION], "answer": "Rex",
+                   "evidence": ["called Rex", "Noted."]},
+                  {"id": "i", "messages": [*TRAJECTORY, QUESTION], "answer": "Rex",
+                   "evidence": [2, 0]},
+                  {"id": "one", "history": CHAT, "question": "Who?", "answer": "Rex",
+                   "evidence": "my dog is called Rex"},
+                  {"id": "none", "messages": [*CHAT, QUESTION], "answer": "Rex"},
+                  {"id": "empty", "messages": [*CHAT, QUESTION], "answer": "Rex",
+                   "evidence": []})
+    strings, indices, one, none, empty = _task(path).load()
+    assert strings.evidence == ("called Rex", "Noted.")
+    assert indices.evidence == ("dog: Rex", "Look up my pet.")  # the tool result, the request
+    assert one.evidence == ("my dog is called Rex",)
+    assert none.evidence == () and empty.evidence == ()
+    for item in (strings, indices, one):
+        assert all(any(span in text_of(m) for m in item.messages)
+                   for span in item.evidence)
+
+
+def test_evidence_indices_count_the_records_messages_not_an_added_system_prompt(
+    tmp_path: Path
+) -> None:
+    path = _write(tmp_path / "chats.jsonl",
+                  {"history": CHAT, "question": "Who?", "answer": "Rex", "evidence": [0, 2]},
+                  {"messages": [*CHAT, QUESTION], "answer": "Rex", "facts": 1})
+    first, second = _task(path, system_prompt="Be brief.", evidence_field="facts").load()
+    assert first.evidence == () and second.evidence == ("Noted.",)
+    first, _ = _task(path, system_prompt="Be brief.").load()
+    assert first.messages[0] == {"role": "system", "content": "Be brief."}
+    assert first.evidence == ("my dog is called Rex", "Who?")
+
+
+def test_a_csv_evidence_cell_is_a_json_list_or_a_plain_string(tmp_path: Path) -> None:
+    path = tmp_path / "chats.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "history", "question", "answer", "evidence"])
+        writer.writerow(["l", json.dumps(CHAT), "Who?", "Rex", '["called Rex", 1]'])
+        writer.writerow(["s", json.dumps(CHAT), "Who?", "Rex", "my dog is called Rex"])
+        writer.writerow(["n", json.dumps(CHAT), "Who?", "Rex", ""])
+        writer.writerow(["b", json.dumps(CHAT), "Who?", "Rex", "[7]"])
+    with pytest.raises(DataError) as info:
+        _task(path).load()
+    assert str(info.value).startswith(
+        f"task 'chats': {path} line 5: field 'evidence' names message 7, but the history has "
+        "3 messages")
+    path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")
+    listed, plain, absent = _task(path).load()
+    assert listed.evidence == ("called Rex", "Noted.")
+    assert plain.evidence == ("my dog is called Rex",)
+    assert absent.evidence == ()
 
 
 def _agent_sweep(pytester: pytest.Pytester, fake: FakeOpenAI, tmp_path: Path) -> None:

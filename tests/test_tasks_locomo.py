@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import locomo_samples, write_json
 from pytest_budgetbench.tasks.locomo import NOT_MENTIONED, LoCoMoTask, f1_multi, score
@@ -161,6 +162,37 @@ def test_data_errors(tmp_path: Path) -> None:
     write_json(bad, samples)
     with pytest.raises(DataError, match="session_2_date_time"):
         _task(bad).load()
+
+
+def _in_one_message(item: Item) -> bool:
+    return all(any(span in text_of(m) for m in item.messages[1:-1]) for span in item.evidence)
+
+
+def test_evidence_is_the_named_turns_as_the_history_writes_them(items: list[Item]) -> None:
+    pottery = 'Caroline said, "I went to a pottery class yesterday and made a blue bowl."'
+    assert [item.evidence for item in items] == [
+        ('Caroline said, "I have been researching adoption agencies and counseling courses."',),
+        (pottery,), (pottery,), ('Melanie said, "My kids love camping and hiking."',),
+        (pottery,)]
+    assert all(_in_one_message(item) for item in items)
+
+
+def test_evidence_ids_in_one_entry_and_unknown_ids(tmp_path: Path) -> None:
+    samples = locomo_samples()
+    samples[0]["qa"][0]["evidence"] = ["D1:2; D2:2", "D9:9"]
+    first = _task(write_json(tmp_path / "locomo10.json", samples)).load()[0]
+    assert len(first.evidence) == 2
+    assert first.evidence[0].startswith('Melanie said, "Lovely! ')
+    assert first.evidence[0].endswith(" and shared a photo of a painting of a sunset over a lake.")
+    assert _in_one_message(first)
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="shared LoCoMo data not present")
+def test_real_file_evidence_is_verbatim_in_the_history() -> None:
+    items = _task(REAL).load()
+    assert sum(len(item.evidence) for item in items) == 382
+    assert sum(not item.evidence for item in items) == 2  # two QAs name no evidence
+    assert all(_in_one_message(item) for item in items)
 
 
 @pytest.mark.skipif(not REAL.is_file(), reason="shared LoCoMo data not present")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.errors import DataError
+from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import longmemeval_records, write_json
@@ -72,6 +73,32 @@ def test_loads_sessions_as_timestamped_messages(data_file: Path) -> None:
     assert question["role"] == "user"
     assert "2023/05/30 (Tue) 23:40" in question["content"]
     assert "What degree did I graduate with?" in question["content"]
+
+
+def test_evidence_is_the_has_answer_turns_verbatim(data_file: Path, tmp_path: Path) -> None:
+    items = _by_id(_task(data_file))
+    assert items["e47becba"].evidence == (
+        "I graduated with a degree in Business Administration.",)
+    assert items["09ba9854_abs"].evidence == ()
+    for item in items.values():
+        assert all(any(span in text_of(m) for m in item.messages[1:-1])
+                   for span in item.evidence)
+    records = longmemeval_records()
+    records[0]["haystack_sessions"][1][0]["content"] = "word " * 40  # split in parts
+    (long, *_) = _task(write_json(tmp_path / "longmemeval_oracle.json", records)).load()
+    assert len(long.evidence) > 1
+    assert all(any(span in text_of(m) for m in long.messages) for span in long.evidence)
+
+
+@pytest.mark.skipif(not (REAL_DIR / "longmemeval_oracle_subset60.json").is_file(),
+                    reason="shared LongMemEval subset not present")
+def test_real_subset_evidence_is_verbatim() -> None:
+    for name in ("longmemeval_oracle_subset60.json", "longmemeval_s_subset6.json"):
+        for item in _task(REAL_DIR / name).load():
+            # An abstention question's marked turns are those its false premise twists.
+            assert item.evidence or item.category == "abstention", item.item_id
+            assert all(any(span in text_of(m) for m in item.messages[1:-1])
+                       for span in item.evidence)
 
 
 @pytest.mark.parametrize(

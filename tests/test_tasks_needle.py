@@ -54,6 +54,30 @@ def test_needles_are_hidden_at_their_depth() -> None:
         assert item.meta["key"] in item.messages[-1]["content"]
 
 
+@pytest.mark.parametrize("chunk_tokens", [32, 128, 512])
+def test_declared_evidence_is_each_needle_verbatim_in_one_message(
+    tmp_path: Path, chunk_tokens: int
+) -> None:
+    for folder in (None, needle_haystack(tmp_path / "essays")):
+        task = NeedleTask(TaskOptions(data_path=folder, chunk_tokens=chunk_tokens,
+                                      extra={"history_tokens": 1000}))
+        for item in task.load():
+            assert item.evidence == tuple(
+                f"One of the special magic numbers for {item.meta['key']} is: {value}."
+                for value in item.answer)
+            chunks = [str(m["content"]) for m in item.messages[1:-1]]
+            for span in item.evidence:
+                assert sum(span in chunk for chunk in chunks) == 1
+
+
+def test_a_needle_split_across_messages_is_not_declared() -> None:
+    task = NeedleTask(TaskOptions(chunk_tokens=4, items=3, extra={"history_tokens": 200}))
+    for item in task.load():
+        chunks = [str(m["content"]) for m in item.messages[1:-1]]
+        assert all(any(span in chunk for chunk in chunks) for span in item.evidence)
+        assert len(item.evidence) < len(item.answer)
+
+
 def test_haystack_size_follows_history_tokens() -> None:
     small = sum(len(str(m["content"])) for m in _task(history_tokens=500).load()[0].messages)
     large = sum(len(str(m["content"])) for m in _task(history_tokens=4000).load()[0].messages)

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
+from pytest_budgetbench.engine.evidence import Retention, TrajectoryEvidence, fill_retention
 from pytest_budgetbench.errors import MalformedReply
 from pytest_budgetbench.messages import Message, Tool, shared_call_id
 from pytest_budgetbench.model.chat import Completion
@@ -47,6 +48,8 @@ class Episode:
     last_prompt: list[Message] = field(default_factory=list)
     strategy_s: float = 0.0
     _previous_ids: list[int] | None = None
+    evidence: TrajectoryEvidence = field(default_factory=lambda: TrajectoryEvidence(()))
+    """The item's evidence spans the trajectory has shown, counted in each call's prompt."""
 
     def record(self, cell_id: str, run_id: str) -> EpisodeRecord:
         """The episodes.jsonl record of this episode (records.episodes owns the format)."""
@@ -119,10 +122,14 @@ class EpisodeLoop:
     budget: int
     max_calls: int
     cell: EpisodeCell
+    evidence: Sequence[str] = ()
+    """The item's evidence spans (engine.evidence): each call records those its trajectory
+    has shown and those its prompt keeps."""
 
     def play(self) -> Episode:
         env = self.environment
-        episode = Episode(trajectory=list(env.start()), tools=list(env.tools))
+        episode = Episode(trajectory=list(env.start()), tools=list(env.tools),
+                          evidence=TrajectoryEvidence(self.evidence))
         while True:
             if len(episode.calls) >= self.max_calls:
                 episode.ended = Ended.MAX_CALLS
@@ -158,6 +165,9 @@ class EpisodeLoop:
             call=len(episode.calls) + 1, seen=len(episode.trajectory),
             prompt=prompt_entries(prompt, episode.trajectory), tools=len(tools),
             counted_tokens=counted, prompt_sha256=prompt_sha256(prompt, tools))
+        found = episode.evidence.at_call(episode.trajectory, prompt)
+        if found is not None:
+            call.evidence_total, call.evidence_kept = found.total, found.kept
         ids = self.tokens.prompt_token_ids(prompt, tools)
         if ids is not None:
             previous = episode._previous_ids
@@ -216,4 +226,7 @@ def fill_row(row: CellRow, episode: Episode) -> None:
                                  / sum(c.counted_tokens for c in with_prefix), 4)
     row.strategy_s = round(episode.strategy_s, 6)
     row.prediction = episode.last_reply
+    last = calls[-1] if calls else None
+    fill_retention(row, None if last is None or last.evidence_total is None
+                   else Retention(last.evidence_total, last.evidence_kept or 0))
     fill_outcome(row, calls, episode.violation)

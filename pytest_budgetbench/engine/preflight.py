@@ -14,6 +14,7 @@ write) is stopped at the start instead, with one line, and before anything is wr
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pytest_budgetbench.errors import (
     ConfigError,
+    DataError,
     MissingDependency,
     NothingToRun,
     Requirement,
@@ -192,9 +194,36 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
     a DataError or ConfigError naming the file)."""
     for task in catalog.names:
         catalog.items(task)
+    _check_evidence(catalog)
     _check_tool_strategies(settings, catalog)
     check_not_empty(settings, cells)
     _check_baseline(settings, cells)
+
+
+def _check_evidence(catalog: Catalog) -> None:
+    """Each item's evidence is verbatim text of its history (engine.evidence's test): a
+    span that is not could never be kept, and every cell of the item would report it lost.
+    An agent's items are exempt: their evidence arrives in the environment's tool results."""
+    from pytest_budgetbench.engine.evidence import missing_evidence
+    from pytest_budgetbench.tasks import EpisodicTask
+
+    for name in catalog.names:
+        if isinstance(catalog.task(name), EpisodicTask):
+            continue
+        for item in catalog.items(name):
+            span = missing_evidence(item.evidence, item.messages) if item.evidence else None
+            if span is not None:
+                raise DataError(
+                    f"task '{name}' item {item.item_id} declares evidence {_cut(span)} that "
+                    "is not in its history: fix the item's evidence (it must be verbatim "
+                    "text of a message)"
+                )
+
+
+def _cut(span: str, limit: int = 60) -> str:
+    """A span on one short line, quoted as JSON quotes it."""
+    short = span if len(span) <= limit else span[: limit - 3] + "..."
+    return json.dumps(short, ensure_ascii=False)
 
 
 def _check_tool_strategies(settings: Settings, catalog: Catalog) -> None:

@@ -15,6 +15,7 @@ from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.episode import EpisodeLoop, fill_row
+from pytest_budgetbench.engine.evidence import fill_retention, retention
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     BudgetExceeded,
@@ -217,6 +218,8 @@ class Runner:
         sha = prompt_sha256(prompt, item.tools)
         row.counted_tokens, row.prompt_sha256 = counted, sha
         row.utilisation = round(counted / cell.budget, 4)
+        # On the prompt as sent (or, over budget, as it would have been): the strategy's.
+        fill_retention(row, retention(item.evidence, prompt))
         self._audit(cell, sha, prompt)
         outcome = budgeted_call(
             CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,
@@ -252,7 +255,8 @@ class Runner:
             self._as_strategy_error(strategy, cell, lambda: self._within_timeout(
                 lambda: strategy.reset(context), strategy, cell))
             loop = EpisodeLoop(environment, self.tokens, cell.budget, self.settings.max_calls,
-                               EpisodeTurns(self, strategy, cell, context))
+                               EpisodeTurns(self, strategy, cell, context),
+                               evidence=item.evidence)
             episode = timer(loop.play) if timer is not None else loop.play()
         finally:
             environment.close()

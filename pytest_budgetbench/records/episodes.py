@@ -63,6 +63,11 @@ class CallRecord:
     cached: bool | None = field(default=None, metadata={_PAGE: "ca"})
     output_tokens: int | None = field(default=None, metadata={_PAGE: "o"})
     parsed_tool_calls: int = 0
+    evidence_total: int | None = field(default=None, metadata={_PAGE: "et"})
+    """The item's evidence spans the trajectory had held by this call (an agent's evidence
+    arrives in tool results); None where the item declares none, or in an older record."""
+    evidence_kept: int | None = field(default=None, metadata={_PAGE: "ek"})
+    """Of those, the spans this call's prompt held verbatim (engine.evidence)."""
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
@@ -132,6 +132,14 @@ class CellRow(Mapping[str, Any]):
     total_tokens: int | None = field(default=None, metadata=_about(measure=True, page="tt"))
     # share of prompt tokens the previous call's prefix held
     prefix_reuse: float | None = field(default=None, metadata=_about(measure=True, page="pr"))
+    # Evidence retention (schema 4, issue 33): of the item's evidence spans, how many the
+    # prompt as sent holds verbatim (an episode's: its last call's, of the spans its
+    # trajectory had shown by then); all three null where the item declares no evidence.
+    evidence_total: int | None = field(default=None, metadata=_about(page="et"))
+    evidence_kept: int | None = field(default=None, metadata=_about(page="ek"))
+    # evidence_kept / evidence_total, rounded to 4 places
+    evidence_retention: float | None = field(
+        default=None, metadata=_about(measure=True, page="er"))
 
     # -- the mapping face (read-only) -------------------------------------------------------
     def __getitem__(self, name: str) -> Any:

@@ -211,6 +211,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "calls_mean",
     "total_tokens_mean",
     "prefix_reuse_mean",
+    "evidence_retention_mean",
 )
 
 
@@ -282,6 +283,10 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
     data["calls"] = rows["calls"].where(ran)
     data["total_tokens"] = rows["total_tokens"].where(ran)
     data["prefix_reuse"] = rows["prefix_reuse"].where(ok)
+    # The share of an item's evidence the prompt as sent kept verbatim: over admitted
+    # prompts, as tokens are (a violating prompt is not sent; its row keeps its counts for
+    # diagnosis); rows of items without evidence (null) are left out.
+    data["evidence_retention"] = rows["evidence_retention"].where(ok)
     grouped = data.groupby(keys, sort=True, observed=True)
     table = grouped.agg(
         n_cells=("is_ok", "size"),
@@ -299,6 +304,7 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
         calls_mean=("calls", "mean"),
         total_tokens_mean=("total_tokens", "mean"),
         prefix_reuse_mean=("prefix_reuse", "mean"),
+        evidence_retention_mean=("evidence_retention", "mean"),
     )
     for column in ("strategy_s", "model_s", "latency_s"):
         table[f"{column}_p50"] = grouped[column].quantile(0.5)

@@ -47,6 +47,9 @@ class CellStats:
     """Model calls per agent episode (None for single-call tasks)."""
     mean_episode_tokens: float | None = None
     """Prompt and output tokens an agent episode spent, over its calls."""
+    mean_retention: float | None = None
+    """The share of their items' evidence the prompts as sent kept verbatim, over the
+    admitted cells whose item declares evidence (as tokens, over admitted prompts)."""
 
     @property
     def violation_rate(self) -> float:
@@ -81,7 +84,8 @@ def report_stats(report: Report, rows: Iterable[Mapping[str, Any]]) -> list[Cell
             mean_tokens=_number(cell["tokens_mean"]),
             median_model_s=_number(cell["model_s_p50"]), token_mismatches=mismatches[key],
             mean_calls=_number(cell["calls_mean"]),
-            mean_episode_tokens=_number(cell["total_tokens_mean"])))
+            mean_episode_tokens=_number(cell["total_tokens_mean"]),
+            mean_retention=_number(cell["evidence_retention_mean"])))
     return sorted(stats, key=lambda s: (s.task, s.strategy, s.budget))
 
 
@@ -131,6 +135,8 @@ def _stats(
         mean_calls=_mean([float(r["calls"]) for r in ran if r.get("calls") is not None]),
         mean_episode_tokens=_mean([float(r["total_tokens"]) for r in ran
                                    if r.get("total_tokens") is not None]),
+        mean_retention=_mean([float(r["evidence_retention"]) for r in admitted
+                              if r.get("evidence_retention") is not None]),
     )
 
 
@@ -146,13 +152,16 @@ def _ci(s: CellStats) -> str:
 
 def format_table(stats: list[CellStats]) -> list[str]:
     """The table's lines; agent episodes add their calls and tokens per episode (and
-    ``tokens`` is then an episode's largest call, the one the budget bounds)."""
+    ``tokens`` is then an episode's largest call, the one the budget bounds). The last
+    column, ``retention``, is the mean share of the items' evidence the prompts kept
+    verbatim ("-" where no item declares evidence)."""
     episodes = any(s.mean_calls is not None for s in stats)
     header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
               f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
               f"{'errors':>6}")
     if episodes:
         header += f" {'calls':>6} {'tok/episode':>11}"
+    header += f" {'retention':>9}"
     lines = [header, "-" * len(header)]
     for s in stats:
         name = s.strategy + (" (ref)" if s.reference else "")
@@ -163,6 +172,7 @@ def format_table(stats: list[CellStats]) -> list[str]:
         )
         if episodes:
             line += f" {_fmt(s.mean_calls, '.1f'):>6} {_fmt(s.mean_episode_tokens, '.0f'):>11}"
+        line += f" {_fmt(s.mean_retention, '.3f'):>9}"
         lines.append(line)
     return lines
 

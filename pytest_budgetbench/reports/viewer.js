@@ -233,6 +233,9 @@
     fact("tokens", [fmt(row.t, 0), row.st !== undefined ? "server " + row.st : "",
       row.o !== undefined ? "out " + row.o : ""].filter(Boolean).join(" · "));
     fact("utilisation", row.u !== undefined ? (100 * row.u).toFixed(1) + "%" : "");
+    // Evidence spans the prompt held verbatim (an episode's: its last call's).
+    fact("evidence kept", row.et !== undefined ? row.ek + " of " + row.et + (row.er !== undefined
+      ? " (" + (100 * row.er).toFixed(1) + "%)" : "") : "");
     fact("strategy s", fmt(row.ss, 3));
     fact("model s", fmt(row.ms, 3) + (row.ca ? " (cached)" : ""));
     if (row.aux) {
@@ -409,6 +412,7 @@
       call.st !== undefined ? "server " + call.st : "", call.o !== undefined ? "out " + call.o : "",
       call.ms !== undefined ? fmt(call.ms, 3) + " s" : "",
       call.nt !== undefined ? call.nt + " tools" : "",
+      call.et !== undefined ? "evidence kept " + call.ek + " of " + call.et : "",
       "made after " + call.seen + " trajectory messages"].filter(Boolean).join(" · ")));
     call.p.forEach(function (i, at) {
       details.appendChild(message(item, item.msgs[i], made.has(at) ? "new" : "kept"));

@@ -266,7 +266,8 @@ def _episode(record: EpisodeRecord | None, messages: _Messages) -> dict[str, Any
                     "n": positions in "p" of messages the strategy made,
                     "d": msgs indices of trajectory messages it dropped (before "seen"),
                     "seen", and the call's fields by their short keys (records.episodes'
-                    CALL_PAGE_KEYS: "t" counted tokens, "st", "o", "ms", "ca", "nt")}],
+                    CALL_PAGE_KEYS: "t" counted tokens, "st", "o", "ms", "ca", "nt",
+                    "et", "ek" evidence shown and kept)}],
          "callsn": the episode's calls when more than MAX_EPISODE_CALLS}
 
     None when there is no record (a record without a trajectory and calls is none)."""

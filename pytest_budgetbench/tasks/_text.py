@@ -13,11 +13,11 @@ import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pytest_budgetbench.errors import require
-from pytest_budgetbench.messages import Message
+from pytest_budgetbench.messages import Message, text_of
 
 CHARS_PER_TOKEN = 4
 """How tasks approximate tokens when chunking: the tokenizer is not known at load time."""
@@ -249,3 +249,17 @@ def document_messages(
         content = f"{label}\n{piece}" if label else piece
         messages.append({"role": role, "content": content})
     return messages
+
+
+def whole_in_messages(spans: Iterable[str], messages: Sequence[Message]) -> tuple[str, ...]:
+    """The spans that some message's text holds whole, in order, each once, blank ones out.
+
+    A task's evidence (:attr:`~pytest_budgetbench.tasks.base.Item.evidence`) must be verbatim
+    in one message; a sentence that :func:`chunk_text` cut in two is in none, and is left out.
+    """
+    texts = [text_of(message) for message in messages]
+    kept: dict[str, None] = {}
+    for span in spans:
+        if span.strip() and span not in kept and any(span in text for text in texts):
+            kept[span] = None
+    return tuple(kept)

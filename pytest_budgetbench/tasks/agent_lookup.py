@@ -9,6 +9,10 @@ the trajectory grows call by call with tool results, as an agent's does, and the
 fact is in the oldest one: a strategy that masks or drops old tool results loses it; one
 that keeps, retrieves or summarises it can answer.
 
+Evidence (:attr:`Item.evidence`): the first record's line as its lookup returns it,
+``Record R123: code ABCDEF.``; it enters the trajectory with that tool result, not with the
+item's first messages.
+
 Category: ``lookups-<n>``. Grader ``agent-lookup-contains/1``: 1 when the final reply
 contains the first record's code (case-insensitive), else 0.
 """
@@ -102,7 +106,8 @@ class AgentLookupTask(EpisodicTask):
         request = REQUEST.format(keys=", ".join(keys), first=keys[0])
         return Item(item_id=f"{index:04d}", messages=({"role": "user", "content": request},),
                     answer=codes[0], category=f"lookups-{count}",
-                    meta={"files": files, "keys": keys}, tools=(LOOKUP_TOOL,))
+                    meta={"files": files, "keys": keys}, tools=(LOOKUP_TOOL,),
+                    evidence=(RECORD.format(key=keys[0], code=codes[0]),))
 
     @staticmethod
     def _file(rng: random.Random, key: str, code: str, chars: int) -> str:

@@ -43,6 +43,11 @@ class Item:
     tools: tuple[Tool, ...] = ()
     """Tools sent with the item's model call (and counted with its prompt): an agent's
     tools when ``messages`` is a trajectory with tool calls; empty for most tasks."""
+    evidence: tuple[str, ...] = ()
+    """Spans of text the answer needs, each verbatim in the history (an agent's: in the
+    trajectory its environment produces). A prompt keeps a span when it holds it verbatim
+    as sent, after the strategy; a summary that rewrites it does not keep it. Empty where
+    the task declares none (the row's evidence fields are then null)."""
 
     @property
     def carries_tools(self) -> bool:

@@ -8,6 +8,10 @@ History: each of the ten titled paragraphs (two gold, eight distractors) is one 
 message ``Title: <title>`` + its sentences; a paragraph longer than ``chunk_tokens``
 becomes several. The final user message asks for the answer span alone.
 
+Evidence (:attr:`Item.evidence`): the supporting-fact sentences (``supporting_facts``:
+[title, sentence index] into ``context``), each without its surrounding whitespace; a fact
+whose index is past its paragraph, or whose sentence a chunk cut splits, is left out.
+
 Category: the question ``type`` (``bridge`` or ``comparison``); ``level`` and the
 supporting titles are in ``Item.meta``.
 
@@ -35,6 +39,7 @@ from pytest_budgetbench.tasks._text import (
     first_line_unless_hedged,
     normalize_answer,
     token_f1,
+    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -78,8 +83,10 @@ class HotpotQATask(Task):
     def _item(self, path: Path, index: int, row: dict[str, Any]) -> Item:
         require(self.name, path, row, index, FIELDS, key="_id")
         messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT}]
+        paragraphs: dict[str, list[str]] = {}
         for paragraph in row["context"]:
             title, sentences = _paragraph(self.name, path, index, paragraph)
+            paragraphs.setdefault(title, sentences)
             messages += document_messages("".join(sentences), self.options.chunk_tokens,
                                           header=f"Title: {title}")
         messages.append({"role": "user", "content": f"Question: {row['question']}\nAnswer:"})
@@ -88,6 +95,7 @@ class HotpotQATask(Task):
             messages=tuple(messages),
             answer=str(row["answer"]),
             category=str(row.get("type", "unknown")),
+            evidence=whole_in_messages(_supporting_sentences(row, paragraphs), messages[1:-1]),
             meta={
                 "level": row.get("level"),
                 "supporting_titles": sorted({fact[0] for fact in row.get("supporting_facts", [])
@@ -106,6 +114,18 @@ class HotpotQATask(Task):
         em = exact_match(extracted, str(item.answer))
         return Grade(f1, extracted, self.grader_id,
                      {"em": em, "precision": precision, "recall": recall})
+
+
+def _supporting_sentences(row: dict[str, Any], paragraphs: dict[str, list[str]]) -> list[str]:
+    """The text of each ``[title, sentence index]`` supporting fact that names a sentence."""
+    found = []
+    for fact in row.get("supporting_facts") or []:
+        if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[1], int)):
+            continue
+        sentences = paragraphs.get(str(fact[0]), [])
+        if 0 <= fact[1] < len(sentences):
+            found.append(sentences[fact[1]].strip())
+    return found
 
 
 def _paragraph(task: str, path: Path, index: int, paragraph: Any) -> tuple[str, list[str]]:

@@ -10,10 +10,14 @@ gold answer(s)::
 
 ``messages`` ends with the user's question; or give ``history`` (the messages before it)
 and ``question`` (its text). ``answer`` is a string, a number or a list of them (any one
-is right); ``category``, ``id`` and ``rubric`` (for ``grader=judge``) are optional. In a
-CSV, ``messages`` and ``history`` cells hold the JSON list, and an ``answer`` cell that is
-a JSON list holds several answers. Every field name is an option
-(``answer_field=expected``), and so is the grader (:mod:`pytest_budgetbench.tasks.graders`).
+is right); ``category``, ``id`` and ``rubric`` (for ``grader=judge``) are optional, and so
+is ``evidence`` (:attr:`Item.evidence`): the spans the answer needs, a list of strings, each
+verbatim text of the history, or of message indices (0-based into the record's messages,
+or its history then its question), each standing for that message's whole text; or one
+string. In a CSV, ``messages`` and ``history`` cells hold the JSON list, and an ``answer``
+or ``evidence`` cell that is a JSON list holds several values, any other one string. Every
+field name is an option (``answer_field=expected``), and so is the grader
+(:mod:`pytest_budgetbench.tasks.graders`).
 
 An agent's trajectory stays as it is: an assistant message with ``tool_calls`` (its
 ``content`` null or text) and the ``tool`` messages that answer it (``tool_call_id``) are
@@ -24,7 +28,8 @@ kept as messages, so strategies see each call with its result; an optional ``too
 The whole file is checked when it loads, before any cell runs: a bad record is one line
 naming the file, the line and the field (a missing field, a wrong type, an empty history,
 a message with an unknown role, a tool call without an id, a tool result whose call does
-not come just before it, tools that are not tool schemas).
+not come just before it, tools that are not tool schemas, evidence that is not strings or
+indices, an index past the history).
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ OPTIONS = (
     _field("id", "id"),
     _field("rubric", "rubric"),
     _field("tools", "tools"),
+    _field("evidence", "evidence"),
 )
 
 
@@ -162,15 +168,19 @@ class JsonlTask(Task):
     def _item(self, line: int, record: dict[str, Any]) -> Item:
         fields = {key: str(self.option(f"{key}_field")) for key in
                   ("messages", "history", "question", "answer", "category", "id", "rubric",
-                   "tools")}
+                   "tools", "evidence")}
         messages, question = self._messages(record, fields)
+        evidence = self._evidence(record, fields["evidence"], messages)
+        prompt = str(self.option("system_prompt"))
+        if prompt and messages[0]["role"] not in ("system", "developer"):
+            messages.insert(0, {"role": "system", "content": prompt})
         tools = self._tools(record, fields["tools"])
         rubric = self._optional_text(record, fields["rubric"])
         golds = self._golds(record, fields["answer"], rubric)
         item_id = self._optional_text(record, fields["id"]) or f"{line:04d}"
         category = self._optional_text(record, fields["category"]) or DEFAULT_CATEGORY
         return Item(item_id=item_id, messages=tuple(messages), answer=golds,
-                    category=category, tools=tuple(tools),
+                    category=category, tools=tuple(tools), evidence=evidence,
                     meta={"line": line, "question": question, "rubric": rubric})
 
     def _messages(self, record: dict[str, Any], fields: dict[str, str]) -> tuple[
@@ -206,9 +216,6 @@ class JsonlTask(Task):
                                   "conversation the question is about")
         _check_tool_traffic(messages, fields["messages"] if fields["messages"] in record
                             else fields["history"])
-        prompt = str(self.option("system_prompt"))
-        if prompt and messages[0]["role"] not in ("system", "developer"):
-            messages.insert(0, {"role": "system", "content": prompt})
         return messages, question
 
     def _message_list(self, record: dict[str, Any], key: str) -> list[Message]:
@@ -232,6 +239,39 @@ class JsonlTask(Task):
             raise MalformedRecord(f"{exc}; give the tools as the chat API's 'tools' takes "
                                   "them, or leave the field out") from None
 
+    def _evidence(self, record: dict[str, Any], key: str, messages: list[Message]
+                  ) -> tuple[str, ...]:
+        """The record's evidence spans: a string as given, a message index as that message's
+        text (indices count the record's messages, before a ``system_prompt`` is added).
+
+        Whether a string is verbatim in the history is checked by the core before any cell.
+        """
+        if key not in record or record[key] is None:
+            return ()
+        value = self._list_cell(record[key])
+        spans: list[str] = []
+        for span in value if isinstance(value, list) else [value]:
+            if isinstance(span, bool) or not isinstance(span, (str, int)):
+                raise MalformedRecord(f"field '{key}' must be a string, a message index or a "
+                                      f"list of them (got {_described(span)})")
+            if isinstance(span, str):
+                if not span.strip():
+                    raise MalformedRecord(f"field '{key}' holds an empty string: give the text "
+                                          "the answer needs, as the history has it")
+                spans.append(span)
+                continue
+            if not 0 <= span < len(messages):
+                raise MalformedRecord(f"field '{key}' names message {span}, but the history has "
+                                      f"{len(messages)} messages (indices 0 to "
+                                      f"{len(messages) - 1})")
+            text = text_of(messages[span])
+            if not text.strip():
+                raise MalformedRecord(f"field '{key}' names message {span}, which has no text "
+                                      "(a tool call or an image): name the message with the "
+                                      "text, or give the text itself")
+            spans.append(text)
+        return tuple(spans)
+
     def _json_cell(self, value: Any, key: str, what: str = "a JSON list of chat messages"
                    ) -> Any:
         """A record's value as it is (JSON); :class:`CsvTask` parses its cells."""
@@ -244,7 +284,7 @@ class JsonlTask(Task):
                 return ()
             raise MalformedRecord(f"field '{key}' is missing (fields: {', '.join(record)}); map "
                                   "yours with answer_field=")
-        value = self._answer_cell(record[key])
+        value = self._list_cell(record[key])
         values = value if isinstance(value, list) else [value]
         if not values:
             raise MalformedRecord(f"field '{key}' is an empty list: give at least one answer")
@@ -259,7 +299,9 @@ class JsonlTask(Task):
             golds.append(str(gold))
         return tuple(golds)
 
-    def _answer_cell(self, value: Any) -> Any:
+    def _list_cell(self, value: Any) -> Any:
+        """A value that is one or a list (answer, evidence) as it is; :class:`CsvTask` parses a
+        cell that holds a JSON list."""
         return value
 
     @staticmethod
@@ -314,7 +356,7 @@ class CsvTask(JsonlTask):
             raise MalformedRecord(f"column '{key}' must hold {what} ({exc.msg} at column "
                                   f"{exc.colno})") from None
 
-    def _answer_cell(self, value: Any) -> Any:
+    def _list_cell(self, value: Any) -> Any:
         if isinstance(value, str) and value.lstrip().startswith("["):
             try:
                 return json.loads(value)

@@ -17,6 +17,10 @@ Split (the declared option ``locomo_samples``: ``--budgetbench-locomo-samples``,
 other one: its evaluation split), ``all`` (the default), or comma-separated sample ids.
 Items are numbered as in the whole file either way.
 
+Evidence (:attr:`Item.evidence`): the turns a QA's ``evidence`` names by dialogue id
+(``"D1:3"``), each as the history writes it (``Speaker said, "text"``, with its caption);
+an id that names no turn, or a turn that a chunk cut splits, is left out.
+
 Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
 (3), ``single-hop`` (4), ``adversarial`` (5).
 
@@ -53,6 +57,7 @@ from pytest_budgetbench.tasks._text import (
     first_line_unless_hedged,
     stemmed_tokens,
     token_f1,
+    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -74,6 +79,8 @@ QA_TEMPLATE = (
 TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
+_DIA_ID = re.compile(r"D\d+:\d+")
+"""A turn's dialogue id; a QA's ``evidence`` entry may hold several ("D8:6; D9:17")."""
 
 
 # -- scoring (upstream task_eval/evaluation.py and gpt_utils.py, re-implemented) ------------
@@ -145,8 +152,9 @@ class LoCoMoTask(Task):
             if index not in chosen:
                 continue
             history = self._history(path, sample)
+            turns = _turn_lines(sample["conversation"])
             for q_index, qa in enumerate(sample["qa"]):
-                items.append(self._item(path, sample, history, q_index, qa))
+                items.append(self._item(path, sample, history, q_index, qa, turns))
         return items
 
     def _split(self, path: Path, samples: list[Any]) -> set[int]:
@@ -194,6 +202,7 @@ class LoCoMoTask(Task):
         history: tuple[Message, ...],
         q_index: int,
         qa: Any,
+        turns: dict[str, str],
     ) -> Item:
         sample_id = str(sample["sample_id"])
         label = f"{sample_id}/qa {q_index}"
@@ -221,8 +230,11 @@ class LoCoMoTask(Task):
         else:
             answer = str(qa["answer"])
         final: Message = {"role": "user", "content": QA_TEMPLATE.format(question=question)}
+        named = [turns[dia_id] for dia_id in _DIA_ID.findall(str(meta["evidence"]))
+                 if dia_id in turns]
         return Item(item_id=item_id, messages=(*history, final), answer=answer,
-                    category=CATEGORY_NAMES[category], meta=meta)
+                    category=CATEGORY_NAMES[category], meta=meta,
+                    evidence=whole_in_messages(named, history[1:]))
 
     def grade(self, item: Item, prediction: str) -> Grade:
         reply = prediction or ""
@@ -246,12 +258,19 @@ def _session_numbers(conversation: dict[str, Any]) -> list[int]:
 
 
 def _session_text(turns: list[Any]) -> str:
-    lines = []
-    for turn in turns:
-        if not isinstance(turn, dict):
-            continue
-        line = f'{turn.get("speaker", "?")} said, "{turn.get("text", "")}"'
-        if turn.get("blip_caption"):
-            line += f" and shared {turn['blip_caption']}."
-        lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(_turn_line(turn) for turn in turns if isinstance(turn, dict))
+
+
+def _turn_line(turn: dict[str, Any]) -> str:
+    line = f'{turn.get("speaker", "?")} said, "{turn.get("text", "")}"'
+    if turn.get("blip_caption"):
+        line += f" and shared {turn['blip_caption']}."
+    return line
+
+
+def _turn_lines(conversation: dict[str, Any]) -> dict[str, str]:
+    """Each turn's line as the history writes it, by its dialogue id (``D1:3``)."""
+    return {str(turn["dia_id"]): _turn_line(turn)
+            for number in _session_numbers(conversation)
+            for turn in conversation[f"session_{number}"]
+            if isinstance(turn, dict) and turn.get("dia_id")}

@@ -11,6 +11,10 @@ that keeps any subset of messages still knows when each was said. Turns longer t
 ``chunk_tokens`` become several messages. The final user message gives the question date
 and the question.
 
+Evidence (:attr:`Item.evidence`): the text of each turn marked ``has_answer: true``
+(without its surrounding whitespace); a turn split into several messages gives each of its
+parts (an abstention question's marked turns are those its false premise twists).
+
 Category: ``question_type``, except that abstention questions (``question_id`` ending in
 ``_abs``) form their own category ``abstention``.
 
@@ -53,10 +57,12 @@ from pytest_budgetbench.tasks._data import (
     resolve_file,
 )
 from pytest_budgetbench.tasks._text import (
+    chunk_text,
     contains_phrase,
     document_messages,
     normalize_answer,
     says_unanswerable,
+    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -126,8 +132,10 @@ class LongMemEvalTask(Task):
                             f"{row['question_id']!r}) needs haystack_dates and "
                             "haystack_sessions as lists of equal length")
         messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT}]
+        evidence: list[str] = []
         for date, session in zip(dates, sessions, strict=True):
             messages += self._session_messages(path, index, str(date), session)
+            evidence += self._answer_turns(session)
         messages.append({"role": "user", "content": (
             f"Current date: {row['question_date']}\nQuestion: {row['question']}\n"
             "Answer briefly from our earlier conversations."
@@ -137,6 +145,7 @@ class LongMemEvalTask(Task):
             messages=tuple(messages),
             answer=str(row["answer"]),
             category=category_of(row),
+            evidence=whole_in_messages(evidence, messages[1:]),
             meta={
                 "question": str(row["question"]),
                 "question_type": row["question_type"],
@@ -160,6 +169,12 @@ class LongMemEvalTask(Task):
                                           self.options.chunk_tokens,
                                           role=turn["role"], header=f"[{date}]")
         return messages
+
+    def _answer_turns(self, session: list[dict[str, Any]]) -> list[str]:
+        """The text of the session's ``has_answer`` turns, as the pieces its messages hold."""
+        return [piece.strip() for turn in session if turn.get("has_answer") is True
+                for piece in chunk_text(str(turn.get("content", "")), self.options.chunk_tokens)
+                if piece.strip()]
 
     # -- grading --------------------------------------------------------------------------
     def grade(self, item: Item, prediction: str) -> Grade:

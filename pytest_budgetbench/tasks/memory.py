@@ -15,6 +15,10 @@ as often as the budget covers. Categories:
 - ``preference``: which of two things the user prefers;
 - ``abstention``: something never mentioned; the answer must say "unknown".
 
+Evidence (:attr:`Item.evidence`): the user's turn that states the answer ("Please remember
+this: ..."; for an update, the later one), and for ``temporal-reasoning`` also its session's
+date tag (``[March 4, 2024]``); none for ``abstention``.
+
 Grader ``memory-contains/1``: the reply's first line, normalised (lower case, no
 punctuation or articles), must contain the gold answer as whole words; for updates it must
 not also contain the old value; abstention needs an explicit "unknown"-style phrase.
@@ -114,6 +118,8 @@ EVIDENCE_POSITION = Option(
     "evidence_position", "where the memory task plants its evidence: early (the oldest "
     "quarter of the sessions) | anywhere", choice("early", "anywhere"), "early",
     flag="memory-evidence", metavar="early|anywhere")
+PLANTED = "Please remember this:"
+"""How every planted user turn opens (filler turns never do)."""
 EARLY_SHARE = 4
 """``early`` evidence sits in the first 1/EARLY_SHARE of the sessions."""
 
@@ -134,6 +140,7 @@ class MemoryTask(Task):
         start = dt.date(2024, 1, 8) + dt.timedelta(days=rng.randrange(0, 300))
         sessions = self._filler_sessions(rng, start, target_chars)
         answer, question, meta = self._plant(rng, category, sessions)
+        evidence = self._evidence(category, sessions, meta)
         messages: list[Message] = [{"role": "system", "content": SYSTEM_PROMPT}]
         for session in sessions:
             turns = session["messages"]
@@ -147,7 +154,26 @@ class MemoryTask(Task):
             answer=answer,
             category=category,
             meta=meta,
+            evidence=evidence,
         )
+
+    @staticmethod
+    def _evidence(
+        category: str, sessions: list[dict[str, Any]], meta: dict[str, Any]
+    ) -> tuple[str, ...]:
+        """The planted user turn's own text (verbatim: a session's first turn only gains a
+        date prefix before it), and the date tag for a temporal question."""
+        where = meta["evidence_session"]
+        if where is None:
+            return ()
+        session = sessions[where]
+        # The session's last planted turn: an update planted in the same session as the
+        # fact it changes comes after it (``_say(last=True)``).
+        stated = [str(turn["content"]) for turn in session["messages"]
+                  if turn["role"] == "user" and str(turn["content"]).startswith(PLANTED)][-1]
+        if category == "temporal-reasoning":
+            return (stated, f"[{_date_text(session['date'])}]")
+        return (stated,)
 
     def _filler_sessions(
         self, rng: random.Random, start: dt.date, target_chars: int
@@ -181,7 +207,7 @@ class MemoryTask(Task):
         if category == "single-session-fact":
             pet, name = rng.choice(PETS), rng.choice(PET_NAMES)
             self._say(rng, sessions[where],
-                      f"Please remember this: my {pet} is called {name}.",
+                      f"{PLANTED} my {pet} is called {name}.",
                       f"Noted: your {pet} is called {name}.")
             return (name, f"What is my {pet} called? Reply with just the name.",
                     {"evidence_session": where})
@@ -189,10 +215,10 @@ class MemoryTask(Task):
             old, new = rng.sample(CITIES, 2)
             first = rng.randrange(max(1, reach - 1))
             later = rng.randrange(first + 1, reach) if first + 1 < reach else first
-            self._say(rng, sessions[first], f"Please remember this: I live in {old}.",
+            self._say(rng, sessions[first], f"{PLANTED} I live in {old}.",
                       f"Noted: you live in {old}.")
             self._say(rng, sessions[later],
-                      f"Please remember this: I moved from {old} to {new}, so now I live in {new}.",
+                      f"{PLANTED} I moved from {old} to {new}, so now I live in {new}.",
                       f"Noted: you now live in {new}.",
                       last=first == later)  # one session: the update must come second
             question = "Which city do I live in now? Reply with just the city."
@@ -202,14 +228,14 @@ class MemoryTask(Task):
             instrument = rng.choice(INSTRUMENTS)
             day = sessions[where]["date"]
             self._say(rng, sessions[where],
-                      f"Please remember this: today I had my very first {instrument} lesson.",
+                      f"{PLANTED} today I had my very first {instrument} lesson.",
                       f"Noted: your first {instrument} lesson was today.")
             return (_date_text(day), f"On what date did I have my first {instrument} lesson? "
                     "Reply with just the date.",
                     {"evidence_session": where})
         if category == "preference":
             liked, other = rng.sample(rng.choice(PAIRS), 2)
-            self._say(rng, sessions[where], f"Please remember this: I prefer {liked} to {other}.",
+            self._say(rng, sessions[where], f"{PLANTED} I prefer {liked} to {other}.",
                       f"Noted: you prefer {liked}.")
             options = sorted([liked, other])
             return (liked, f"Which do I prefer, {options[0]} or {options[1]}? "

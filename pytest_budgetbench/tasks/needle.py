@@ -11,6 +11,10 @@ The haystack is about ``history_tokens`` tokens (the declared option shared with
 ``--budgetbench-memory-history``, default 2500), split into user messages of about
 ``chunk_tokens`` tokens; the needles sit between sentences.
 
+Evidence (:attr:`Item.evidence`): the needles' sentences, each as hidden ("One of the
+special magic numbers for <key> is: <7 digits>."); one that a tiny ``chunk_tokens`` splits
+across two messages is left out, as no message holds it whole.
+
 Category: ``depth-<d>/needles-<k>`` for depth d in 0, 25, 50, 75, 100 (percent of the
 haystack before the first needle) and k in 1, 2, 4, cycled over items.
 
@@ -26,7 +30,11 @@ import re
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import missing
-from pytest_budgetbench.tasks._text import CHARS_PER_TOKEN, document_messages
+from pytest_budgetbench.tasks._text import (
+    CHARS_PER_TOKEN,
+    document_messages,
+    whole_in_messages,
+)
 from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
 
 DEPTHS = (0, 25, 50, 75, 100)
@@ -144,13 +152,16 @@ class NeedleTask(Task):
         values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), count)]
         haystack = self._take(rng, sentences)
         at = round(len(haystack) * depth / 100)
-        for offset, value in enumerate(values):
+        needles = [NEEDLE.format(key=key, value=value) for value in values]
+        for offset, needle in enumerate(needles):
             # Needles follow one another, one haystack sentence apart, from the depth on.
-            needle = NEEDLE.format(key=key, value=value)
             haystack.insert(min(at + 2 * offset, len(haystack)), needle)
         messages: list[Message] = [{"role": "system", "content": INSTRUCTION}]
         messages += document_messages(" ".join(haystack), self.options.chunk_tokens)
         messages.append({"role": "user", "content": QUESTION.format(key=key)})
+        # Chunks are cut after ". " where the window allows, so a needle stays whole unless
+        # chunk_tokens is about a needle's length; one that is not whole is not declared.
+        evidence = whole_in_messages(needles, messages[1:-1])
         return Item(
             item_id=f"{index:04d}",
             messages=tuple(messages),
@@ -158,6 +169,7 @@ class NeedleTask(Task):
             category=f"depth-{depth}/needles-{count}",
             meta={"key": key, "depth": depth, "needles": count,
                   "haystack": "files" if sentences else "generated"},
+            evidence=evidence,
         )
 
     def grade(self, item: Item, prediction: str) -> Grade:
