@@ -16,6 +16,8 @@ from pytest_budgetbench.engine.evidence import (
     retention,
     texts_of,
 )
+from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
+from pytest_budgetbench.records.store import PROMPTS_FILE
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 from tests.fake_openai import FakeOpenAI
 from tests.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
@@ -100,6 +102,22 @@ def test_retention_is_counted_on_the_prompt_as_sent_and_shown_in_the_summary(
     assert header.split()[-1] == "retention"
     truncated = next(line for line in lines if line.split()[:2] == ["truncation", "256"])
     assert truncated.split()[-1] == "0.500"  # q-none's null is left out of the mean
+
+
+def test_prompts_jsonl_records_which_spans_a_truncation_prompt_kept(
+    evident: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    evident.runpytest(*sweep_args(
+        fake_endpoint, tmp_path, "--budgets=256", "--budgetbench-strategies=truncation",
+        "--budgetbench-tasks=evident_tasks:Evident"))
+    (prompts,) = (tmp_path / "out").glob(f"*/{PROMPTS_FILE}")
+    rows = {r["item_id"]: r for r in rows_of(tmp_path)}
+    raw = {r["cell_id"]: r for r in map(json.loads, prompts.read_text().splitlines())}
+    truncated = PromptRecord.from_record(raw[rows["q-two"]["cell_id"]])
+    assert truncated.evidence == [SpanKept("code ALPHA-1", False), SpanKept("code OMEGA-9", True)]
+    assert raw[rows["q-two"]["cell_id"]]["evidence"][1] == {"span": "code OMEGA-9", "kept": True}
+    assert rows["q-two"]["evidence_kept"] == 1  # the count is of the same marks
+    assert "evidence" not in raw[rows["q-none"]["cell_id"]]  # no evidence declared: no field
 
 
 def test_an_item_whose_evidence_is_not_in_its_history_stops_the_sweep_before_any_cell(

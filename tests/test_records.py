@@ -15,6 +15,7 @@ import pytest
 
 from pytest_budgetbench.errors import RecordError
 from pytest_budgetbench.records import store as records
+from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
 from pytest_budgetbench.records.rows import ROW_FIELDS, SCHEMA_VERSION, CellRow, Status
 from pytest_budgetbench.records.store import (
     CELLS_FILE,
@@ -154,6 +155,22 @@ def test_prompts_audit_with_and_without_messages(tmp_path: Path) -> None:
     assert hashed == {"cell_id": "c2", "prompt_sha256": "b" * 64}
     assert "messages" not in hashed
     assert store.rows() == []  # the audit does not go into cells.jsonl
+
+
+def test_a_prompt_record_keeps_its_evidence_marks_and_an_old_record_has_none(
+    tmp_path: Path,
+) -> None:
+    store = RunStore(tmp_path / "run")
+    marks = [SpanKept("note 21", True), SpanKept("note 7", False)]
+    store.write_prompt("c1", "a" * 64, [{"role": "user", "content": "note 21"}], marks)
+    (line,) = read_jsonl(store.prompts_path)
+    assert line["evidence"] == [{"span": "note 21", "kept": True},
+                                {"span": "note 7", "kept": False}]
+    assert next(store.prompts_of({"c1"})).evidence == marks
+    old = PromptRecord.from_record({"cell_id": "c0", "prompt_sha256": "b" * 64, "messages": []})
+    assert old.evidence is None and "evidence" not in old.record()
+    damaged = PromptRecord.from_record({"cell_id": "c", "evidence": [{"span": 1}, "x"]})
+    assert damaged.evidence == []
 
 
 def test_write_run_info_creates_the_directory_and_overwrites(tmp_path: Path) -> None:

@@ -9,11 +9,14 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_budgetbench.engine.evidence import spans_kept
+from pytest_budgetbench.records.prompts import PromptRecord
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE
 from pytest_budgetbench.reports import build_report
@@ -87,6 +90,36 @@ def test_prompts_follow_the_audit_hash_only_or_absent(tmp_path: Path) -> None:
     (run / PROMPTS_FILE).unlink()
     data = viewer_data([Side("", [run])], cells_of(rows))
     assert {r["pm"] for i in data["items"] for r in i["rows"]} == {"none"}
+
+
+# In item00003's history; truncation@512 keeps the newest turn and drops turn 3.
+KEPT_SPAN, DROPPED_SPAN = "item00003 turn 7: note 49", "item00003 turn 3: note 21"
+
+
+def mark_evidence(run: Path, item: str = "item00003") -> None:
+    """Gives the item's prompts.jsonl records the evidence marks the runner writes (the
+    engine's rule, on each prompt); other items' records keep none."""
+    path = run / PROMPTS_FILE
+    records = [PromptRecord.from_record(json.loads(line))
+               for line in path.read_text().splitlines()]
+    marked = [replace(r, evidence=spans_kept((KEPT_SPAN, DROPPED_SPAN), r.messages or []))
+              if item in r.cell_id else r for r in records]
+    path.write_text("".join(json.dumps(r.record()) + "\n" for r in marked))
+
+
+def test_a_prompt_lists_the_evidence_spans_each_marked_kept_or_dropped(tmp_path: Path) -> None:
+    run, rows = sweep(tmp_path, items=4)
+    mark_evidence(run)
+    cells = cells_of(rows)
+    items = {i["item"]: i for i in viewer_data([Side("", [run])], cells)["items"]}
+    by_cell = {(cells[r["c"]].strategy, cells[r["c"]].budget): r
+               for r in items["item00003"]["rows"]}
+    assert by_cell[("truncation", 512)]["ev"] == [[KEPT_SPAN, True], [DROPPED_SPAN, False]]
+    assert by_cell[("full_context", 4096)]["ev"] == [[KEPT_SPAN, True], [DROPPED_SPAN, True]]
+    # An item without evidence, or records that predate the marks: nothing extra.
+    assert all("ev" not in r for r in items["item00002"]["rows"])
+    capped = viewer_data([Side("", [run])], cells, max_prompt_chars=10)
+    assert all("ev" not in r for i in capped["items"] for r in i["rows"])
 
 
 def test_a_large_run_is_capped_with_a_note_and_whole_items(tmp_path: Path) -> None:
@@ -350,3 +383,28 @@ def test_the_viewer_shows_tool_calls_and_an_episode_call_by_call(tmp_path: Path)
             in panel)
     assert 'class="bb-step bb-violated" open=""' in panel
     assert "3 dropped from the trajectory" in panel and "user · new · [summary]" in panel
+
+
+@needs_chromium
+def test_the_viewer_marks_evidence_kept_or_dropped_and_highlights_kept_spans(
+    tmp_path: Path,
+) -> None:
+    run, _rows = sweep(tmp_path, items=4)
+    old_report = build_report([run], tmp_path / "old", resamples=100, plots=False)
+    mark_evidence(run)
+    report = build_report([run], tmp_path / "out", resamples=100, plots=False)
+    dom = browse(report.paths["html"].resolve().as_uri() + "#item=memory%2Fitem00003")
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    truncation = next(col for col in panel.split('class="bb-col"')
+                      if ">truncation@512<" in col)
+    assert "evidence: 1 of 2 spans kept verbatim" in truncation
+    assert (f'<div class="bb-ev bb-ev-kept"><span class="bb-ev-tag">\u2713 kept</span>'
+            f'<span class="bb-pre">{KEPT_SPAN}</span></div>') in truncation
+    assert (f'<div class="bb-ev bb-ev-dropped"><span class="bb-ev-tag">\u2717 dropped</span>'
+            f'<span class="bb-pre">{DROPPED_SPAN}</span></div>') in truncation
+    assert f'<mark class="bb-ev-hit">{KEPT_SPAN}</mark>' in truncation
+    assert f'<mark class="bb-ev-hit">{DROPPED_SPAN}' not in truncation
+    # The same run before the marks (an old prompts.jsonl) renders its prompts, no marks.
+    dom = browse(old_report.paths["html"].resolve().as_uri() + "#item=memory%2Fitem00003")
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    assert "item00003 turn 7: note 49" in panel and "bb-ev" not in panel

@@ -354,3 +354,49 @@ def test_long_context_episodes_run_bfcls_long_context_backends() -> None:
     base, long = listing("bfcl_multi_turn_base"), listing("bfcl_multi_turn_long_context")
     assert "final_report.pdf" in base and "final_report.pdf" in long
     assert len(long) > 4 * len(base)
+
+
+# -- evidence: argument provenance ---------------------------------------------------------
+def _shown(trajectory: list[Message]) -> list[str]:
+    """The texts the model is shown: user turns and tool results."""
+    return [str(m["content"]) for m in trajectory if m["role"] in ("user", "tool")]
+
+
+def test_evidence_is_the_truths_argument_values_shown_before_the_call() -> None:
+    items = _items("bfcl_multi_turn_base")
+    # multi_turn_base_4: ls(a=True), then sort(file_name='report.txt'): the file name
+    # reaches the model only in the listing.
+    listed = items[4]
+    users = " ".join(str(m["content"]) for turn in listed.meta["entry"]["question"]
+                     for m in turn)
+    assert "report.txt" in listed.evidence and "report.txt" not in users
+    # multi_turn_base_0: 'final_report.pdf' is typed by the user in the very turn whose
+    # mv(source='final_report.pdf', ...) needs it; that counts (the prompt must keep it).
+    first = items[0]
+    assert first.item_id == "multi_turn_base_0"
+    assert "'final_report.pdf'" in first.messages[0]["content"]
+    assert set(first.evidence) == {"document", "temp", "final_report.pdf", "budget analysis",
+                                   "previous_report.pdf"}
+    # multi_turn_base_2: cd(folder='documents') after "Go into document folder": never
+    # shown, so not evidence; nor is a value under 3 characters such as cd(folder='..').
+    assert "documents" not in items[2].evidence
+    assert all(len(span) >= 3 for item in items for span in item.evidence)
+    assert sum(bool(item.evidence) for item in items) > 190
+
+
+@pytest.mark.parametrize("name", DIFFERENTIAL_ENTRIES)
+def test_every_span_is_in_a_user_turn_or_tool_result_of_the_truths_episode(
+        name: str) -> None:
+    task = _task(name)
+    for item in _items(name)[:DIFFERENTIAL_ENTRIES[name]]:
+        shown = _shown(run_episode(task, item, [[[call] for call in turn]
+                                                for turn in truth_calls(item)]))
+        assert len(set(item.evidence)) == len(item.evidence)
+        for span in item.evidence:
+            assert any(span in text for text in shown), (item.item_id, span)
+
+
+def test_evidence_is_deterministic() -> None:
+    name = "bfcl_multi_turn_long_context"
+    again = _task(name).load()
+    assert [i.evidence for i in again] == [i.evidence for i in _items(name)]

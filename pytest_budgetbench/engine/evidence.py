@@ -11,8 +11,10 @@ content (a string, or its text parts joined; image parts hold none), a tool resu
 content (a ``tool`` message's), or one tool call's arguments (its JSON text). A span that
 runs across two messages is never kept, nor is one a strategy rewrote: a summary or a
 compression that paraphrases the evidence loses it, and the row says so rather than
-guessing whether the meaning survived. The same test says whether a history holds its
-evidence (the preflight's check of each item, :func:`missing_evidence`).
+guessing whether the meaning survived. The same test (:func:`is_held`) says whether a
+history holds its evidence (the preflight's check of each item, :func:`missing_evidence`),
+and which spans a single-call prompt kept (:func:`spans_kept`, which prompts.jsonl records
+with ``--budgetbench-audit=full`` and the count is taken of).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pytest_budgetbench.messages import Message, text_of, tool_calls_of
+from pytest_budgetbench.records.prompts import SpanKept
 from pytest_budgetbench.records.rows import CellRow
 
 
@@ -40,9 +43,28 @@ def texts_of(messages: Iterable[Message]) -> list[str]:
     return texts
 
 
+def is_held(span: str, texts: Sequence[str]) -> bool:
+    """Whether one of ``texts`` holds ``span`` verbatim: the one rule of this module."""
+    return any(span in text for text in texts)
+
+
 def held(spans: Iterable[str], texts: Sequence[str]) -> list[str]:
     """The spans, of ``spans``, that one of ``texts`` holds verbatim (in their order)."""
-    return [span for span in spans if any(span in text for text in texts)]
+    return [span for span in spans if is_held(span, texts)]
+
+
+def spans_kept(evidence: Sequence[str], prompt: Sequence[Message]) -> list[SpanKept]:
+    """Each span of ``evidence``, in order, and whether the prompt keeps it (what
+    prompts.jsonl records beside the prompt, and what :func:`retention` counts)."""
+    texts = texts_of(prompt)
+    return [SpanKept(span, is_held(span, texts)) for span in evidence]
+
+
+def tally(spans: Sequence[SpanKept]) -> Retention | None:
+    """The count of :func:`spans_kept`'s result; None where there were no spans."""
+    if not spans:
+        return None
+    return Retention(total=len(spans), kept=sum(span.kept for span in spans))
 
 
 @dataclass(frozen=True)
@@ -60,9 +82,7 @@ class Retention:
 
 def retention(evidence: Sequence[str], prompt: Sequence[Message]) -> Retention | None:
     """How much of ``evidence`` the prompt keeps; None where the item declares none."""
-    if not evidence:
-        return None
-    return Retention(total=len(evidence), kept=len(held(evidence, texts_of(prompt))))
+    return tally(spans_kept(evidence, prompt))
 
 
 def fill_retention(row: CellRow, found: Retention | None) -> None:
@@ -77,7 +97,7 @@ def fill_retention(row: CellRow, found: Retention | None) -> None:
 def missing_evidence(evidence: Sequence[str], history: Sequence[Message]) -> str | None:
     """The first span of ``evidence`` that ``history`` does not hold verbatim, or None."""
     texts = texts_of(history)
-    return next((span for span in evidence if not any(span in text for text in texts)), None)
+    return next((span for span in evidence if not is_held(span, texts)), None)
 
 
 @dataclass

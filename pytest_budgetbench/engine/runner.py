@@ -15,7 +15,7 @@ from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.episode import EpisodeLoop, fill_row
-from pytest_budgetbench.engine.evidence import fill_retention, retention
+from pytest_budgetbench.engine.evidence import fill_retention, spans_kept, tally
 from pytest_budgetbench.errors import (
     BudgetBenchError,
     BudgetExceeded,
@@ -37,6 +37,7 @@ from pytest_budgetbench.model.chat import ChatBackend, Completion
 from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.model.structured import StructuredOutput
 from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
+from pytest_budgetbench.records.prompts import SpanKept
 from pytest_budgetbench.records.rows import CellRow, Status
 from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.settings.cells import Cell
@@ -219,8 +220,9 @@ class Runner:
         row.counted_tokens, row.prompt_sha256 = counted, sha
         row.utilisation = round(counted / cell.budget, 4)
         # On the prompt as sent (or, over budget, as it would have been): the strategy's.
-        fill_retention(row, retention(item.evidence, prompt))
-        self._audit(cell, sha, prompt)
+        spans = spans_kept(item.evidence, prompt)
+        fill_retention(row, tally(spans))
+        self._audit(cell, sha, prompt, spans or None)
         outcome = budgeted_call(
             CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,
             tokens=self.tokens, counted=counted,
@@ -432,10 +434,15 @@ class Runner:
             return
         warnings.warn(unread_calls_note(self.endpoint), stacklevel=2)
 
-    def _audit(self, cell: Cell, sha: str, prompt: list[Message]) -> None:
+    def _audit(self, cell: Cell, sha: str, prompt: list[Message],
+               evidence: list[SpanKept] | None = None) -> None:
+        """prompts.jsonl's record: with audit=full the prompt and its evidence marks, with
+        hash its sha256 only."""
         mode = self.settings.audit
-        if mode != "off":
-            self.store.write_prompt(cell.cell_id, sha, prompt if mode == "full" else None)
+        if mode == "full":
+            self.store.write_prompt(cell.cell_id, sha, prompt, evidence)
+        elif mode != "off":
+            self.store.write_prompt(cell.cell_id, sha, None)
 
     @staticmethod
     def _record_strategy(row: CellRow, context: StrategyContext) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from pytest_budgetbench.errors import ConfigError, RecordError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.records.episodes import EpisodeRecord, decode_episodes
-from pytest_budgetbench.records.prompts import PromptRecord
+from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
 from pytest_budgetbench.records.rows import CellRow
 
 CELLS_FILE = "cells.jsonl"
@@ -276,8 +276,10 @@ class RunStore:
     def write_row(self, row: CellRow) -> None:
         append_jsonl(self.cells_path, row.record())
 
-    def write_prompt(self, cell_id: str, sha256: str, messages: list[Message] | None) -> None:
-        append_jsonl(self.prompts_path, PromptRecord(cell_id, sha256, messages).record())
+    def write_prompt(self, cell_id: str, sha256: str, messages: list[Message] | None,
+                     evidence: list[SpanKept] | None = None) -> None:
+        append_jsonl(self.prompts_path,
+                     PromptRecord(cell_id, sha256, messages, evidence).record())
 
     def write_episode(self, episode: EpisodeRecord) -> None:
         """An agent episode's trajectory and calls, before its row (see engine.episode)."""

@@ -310,11 +310,13 @@ def _view(report: Report) -> render.Document:
     ]
     sections = [
         ("Summary", "Quality is averaged over admitted items; violation rate is "
-         "violations / (admitted + violations). Tokens and model latency cover admitted "
-         "prompts.", render.view(report.summary, render.SUMMARY_VIEW)),
+         "violations / (admitted + violations). Tokens, model latency and evidence retention "
+         "cover admitted prompts (retention, those whose item declares evidence).",
+         render.view(report.summary, render.SUMMARY_VIEW)),
         ("Paired against the reference", "Deltas over items admitted and scored in both "
          "cells; excluded counts show the items each side lost, and the reference's "
-         "quality on the items this cell lost to violations.",
+         "quality on the items this cell lost to violations. Retention is paired over the "
+         "items admitted in both whose item declares evidence (paired bootstrap).",
          render.view(report.paired, render.PAIRED_VIEW)),
         ("Categories", "The same statistics per item category.",
          render.view(report.categories, render.CATEGORY_VIEW)),

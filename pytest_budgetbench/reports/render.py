@@ -119,6 +119,7 @@ SUMMARY_VIEW: tuple[Column, ...] = (
     col("violation rate", "violation_rate", percent),
     Column("tokens mean / max", pair("tokens_mean", "tokens_max", num(1), integer)),
     col("utilisation", "utilisation_mean", percent),
+    col("evidence retention", "evidence_retention_mean", num(3)),
     Column("strategy s p50 / p95", pair("strategy_s_p50", "strategy_s_p95", num(3))),
     Column("model s p50 / p95", pair("model_s_p50", "model_s_p95", num(3))),
     col("output tok", "output_tokens_mean", num(1)),
@@ -140,6 +141,10 @@ PAIRED_VIEW: tuple[Column, ...] = (
     col("ref excluded (violations)", "ref_excluded_violation", integer),
     col("excluded (other)", "excluded_other", integer),
     col("ref quality of excluded", "ref_quality_of_excluded", num(3)),
+    col("retention", "retention", num(3)),
+    col("ref retention", "ref_retention", num(3)),
+    Column("retention delta [95% CI]",
+           interval("retention_delta", "retention_delta_lo", "retention_delta_hi")),
 )
 
 CATEGORY_VIEW: tuple[Column, ...] = (
@@ -152,6 +157,9 @@ CATEGORY_VIEW: tuple[Column, ...] = (
     Column("quality [95% bootstrap]", interval("quality_mean", "quality_lo", "quality_hi")),
     col("violation rate", "violation_rate", percent),
     Column("delta vs reference", interval("delta", "delta_lo", "delta_hi")),
+    col("evidence retention", "evidence_retention_mean", num(3)),
+    Column("retention delta vs reference",
+           interval("retention_delta", "retention_delta_lo", "retention_delta_hi")),
 )
 
 

@@ -128,7 +128,8 @@ def _default_reference_strategy(task_items: pd.DataFrame) -> str | None:
 # -- items ----------------------------------------------------------------------------------
 def item_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per task, strategy, budget and item: repeats merged, quality averaged over
-    the admitted, scored repeats."""
+    the admitted, scored repeats, and evidence retention over the admitted repeats (null
+    where the item declares no evidence)."""
     import pandas as pd
 
     keys = [*CELL, "item_id"]
@@ -136,6 +137,7 @@ def item_table(rows: pd.DataFrame) -> pd.DataFrame:
     for status in (ADMITTED, VIOLATION, ERROR):
         flags[f"n_{status}"] = (rows["status"] == status).astype("int64")
     flags["quality"] = rows["quality"]
+    flags["evidence_retention"] = rows["evidence_retention"].where(rows["status"] == ADMITTED)
     flags["category"] = rows["category"]
     flags["reference"] = rows["reference"]
     grouped = flags.groupby(keys, sort=True, observed=True)
@@ -147,6 +149,7 @@ def item_table(rows: pd.DataFrame) -> pd.DataFrame:
         n_violation=("n_violation", "sum"),
         n_error=("n_error", "sum"),
         quality=("quality", "mean"),
+        evidence_retention=("evidence_retention", "mean"),
     ).reset_index()
     # Indices into one array of the three statuses: a million items share three strings.
     statuses = np.array([ADMITTED, VIOLATION, ERROR], dtype=object)
@@ -355,6 +358,11 @@ def _price_columns(rows: pd.DataFrame, prices: PriceTable | None) -> tuple[Any, 
 
 
 # -- paired ---------------------------------------------------------------------------------
+RETENTION_COLUMNS: tuple[str, ...] = ("retention", "ref_retention", "retention_delta",
+                                      "retention_delta_lo", "retention_delta_hi")
+"""The paired change of evidence retention (:func:`_retention_pair`), at paired.csv's end:
+empty where no item admitted in both has retention on both sides."""
+
 PAIRED_COLUMNS: tuple[str, ...] = (
     "ref_strategy",
     "ref_budget",
@@ -367,6 +375,7 @@ PAIRED_COLUMNS: tuple[str, ...] = (
     "ref_excluded_violation",
     "excluded_other",
     "ref_quality_of_excluded",
+    *RETENTION_COLUMNS,
 )
 
 
@@ -382,42 +391,53 @@ def paired_table(
     in both: the change with its interval, for a 0/1 grader McNemar's flips and p, and the
     smallest drop the cell could detect (:func:`~.stats.paired_changes`). Exclusion counts
     show what the pairing dropped and why, and the reference's quality on the items the
-    cell lost to violations shows whether they were easy ones."""
+    cell lost to violations shows whether they were easy ones. The change of evidence
+    retention is paired the same way, over the items admitted in both with retention on
+    both sides, with a paired-bootstrap interval (retention is a share, not a 0/1 score)."""
     import pandas as pd
 
     keys = list(keys)
     records = []
     samples: list[tuple[np.ndarray, np.ndarray, np.random.Generator]] = []
+    retention_samples: list[tuple[np.ndarray, np.random.Generator]] = []
     for _task, task_items in items.groupby("task", sort=True, observed=True):
         resolved = reference.resolve(task_items)
         if resolved is None:
             continue
         ref_strategy, ref_budget = resolved
         is_ref = (task_items["strategy"] == ref_strategy) & (task_items["budget"] == ref_budget)
-        ref = task_items.loc[is_ref, ["item_id", "status", "quality"]].rename(
-            columns={"status": "ref_status", "quality": "ref_quality"}
-        )
+        ref = task_items.loc[is_ref, ["item_id", "status", "quality", "evidence_retention"]
+                             ].rename(columns={"status": "ref_status", "quality": "ref_quality",
+                                               "evidence_retention": "ref_evidence_retention"})
         others = task_items.loc[~is_ref]
         merged = others.merge(ref, on="item_id", how="left")
         for key, group in merged.groupby(keys, sort=True, observed=True):
             values = key_values(key)
             pair, scores, ref_scores = _pair(group)
+            retention, differences = _retention_pair(group)
             records.append(
                 {
                     **dict(zip(keys, values, strict=True)),
                     "ref_strategy": ref_strategy,
                     "ref_budget": ref_budget,
                     **pair,
+                    **retention,
                 }
             )
             samples.append((scores, ref_scores,
                             cell_rng(seed, "paired", ref_strategy, ref_budget, *values)))
+            retention_samples.append(
+                (differences, cell_rng(seed, "retention", ref_strategy, ref_budget, *values)))
     if not records:
         return _empty(PAIRED_COLUMNS, keys)
     # Every cell's change at once: the bootstraps run in parallel (stats.paired_changes).
     for record, change in zip(records, paired_changes(samples, resamples=resamples),
                               strict=True):
         record.update(change.columns())
+    # Resampling the per-item differences is the paired bootstrap; no pair, no interval.
+    for record, (lo, hi) in zip(records, bootstrap_cis(retention_samples, resamples=resamples),
+                                strict=True):
+        record.update(retention_delta_lo=lo, retention_delta_hi=hi)
     return with_optional_counts(pd.DataFrame.from_records(records), records)[
         [*keys, *PAIRED_COLUMNS]]
 
@@ -460,6 +480,21 @@ def _pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     }, scores, ref_scores
 
 
+def _retention_pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray]:
+    """A cell's mean evidence retention and the reference's over the items both admitted
+    with retention (an item's is null unless admitted and declaring evidence), their mean
+    change, and the per-item differences its interval is resampled from."""
+    both = group["evidence_retention"].notna() & group["ref_evidence_retention"].notna()
+    kept = group.loc[both, "evidence_retention"].to_numpy(dtype=np.float64)
+    ref_kept = group.loc[both, "ref_evidence_retention"].to_numpy(dtype=np.float64)
+    differences = kept - ref_kept
+    return {
+        "retention": float(kept.mean()) if kept.size else math.nan,
+        "ref_retention": float(ref_kept.mean()) if ref_kept.size else math.nan,
+        "retention_delta": float(differences.mean()) if differences.size else math.nan,
+    }, differences
+
+
 def paired_scores(
     current: Mapping[str, float], baseline: Mapping[str, float]
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -480,11 +515,13 @@ def category_table(
     seed: int,
     prices: PriceTable | None = None,
 ) -> pd.DataFrame:
-    """The summary statistics per category, with the paired delta against the reference."""
+    """The summary statistics per category, with the paired deltas of quality and of
+    evidence retention against the reference."""
     keys = list(CATEGORY_CELL)
     summary = summary_table(rows, items, keys, resamples=resamples, seed=seed, prices=prices)
     paired = paired_table(items, reference, keys, resamples=resamples, seed=seed)
-    paired = paired[[*keys, "n_paired", "delta", "delta_lo", "delta_hi"]]
+    paired = paired[[*keys, "n_paired", "delta", "delta_lo", "delta_hi",
+                     "retention_delta", "retention_delta_lo", "retention_delta_hi"]]
     return summary.merge(paired, on=keys, how="left")
 
 

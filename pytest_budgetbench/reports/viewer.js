@@ -313,9 +313,13 @@
         + " dropped of " + item.full.length;
     }
     wrap.appendChild(el("div", "bb-label", summary));
+    if (row.ev) { wrap.appendChild(evidence(row.ev)); }
+    var hits = (row.ev || []).filter(function (m) { return m[1] && m[0]; }).map(function (m) {
+      return m[0];
+    });
     row.p.forEach(function (i) {
       var mark = full ? (full.has(i) ? "kept" : "new") : "";
-      wrap.appendChild(message(item, item.msgs[i], mark));
+      wrap.appendChild(message(item, item.msgs[i], mark, hits));
     });
     if (dropped.length) {
       var details = el("details", "bb-dropped");
@@ -326,9 +330,48 @@
     return wrap;
   }
 
+  // The item's evidence spans, each marked kept (the prompt holds it verbatim) or dropped.
+  function evidence(marks) {
+    var kept = marks.filter(function (m) { return m[1]; }).length;
+    var wrap = el("div", "bb-evidence");
+    wrap.appendChild(el("div", "bb-label", "evidence: " + kept + " of " + marks.length
+      + " spans kept verbatim"));
+    marks.forEach(function (m) {
+      var line = el("div", "bb-ev " + (m[1] ? "bb-ev-kept" : "bb-ev-dropped"));
+      line.appendChild(el("span", "bb-ev-tag", m[1] ? "\u2713 kept" : "\u2717 dropped"));
+      line.appendChild(el("span", "bb-pre", m[0]));
+      wrap.appendChild(line);
+    });
+    return wrap;
+  }
+
+  // A text with each kept evidence span it holds highlighted (a <mark>), built from text
+  // nodes only; the earliest span first, the longest where two start together.
+  function highlighted(cls, text, spans) {
+    var pre = el("pre", cls);
+    var at = 0;
+    for (;;) {
+      var best = -1, size = 0;
+      (spans || []).forEach(function (span) {
+        var i = text.indexOf(span, at);
+        if (i !== -1 && (best === -1 || i < best || (i === best && span.length > size))) {
+          best = i;
+          size = span.length;
+        }
+      });
+      if (best === -1) { break; }
+      pre.appendChild(document.createTextNode(text.slice(at, best)));
+      pre.appendChild(el("mark", "bb-ev-hit", text.slice(best, best + size)));
+      at = best + size;
+    }
+    pre.appendChild(document.createTextNode(text.slice(at)));
+    return pre;
+  }
+
   // A message as what it is: text, an assistant's tool calls (name and arguments), or a
   // tool result tied to the id of the call it answers; never a tool result as plain text.
-  function message(item, msg, mark) {
+  // ``hits``: kept evidence spans to highlight in its text (none outside a cell's prompt).
+  function message(item, msg, mark, hits) {
     var role = msg[0], text = msg[1], tool = msg[2] || {};
     var kind = tool.calls ? " bb-call" : (tool.call !== undefined ? " bb-result" : "");
     var details = el("details", "bb-msg" + kind + (mark ? " bb-" + mark : ""));
@@ -345,7 +388,7 @@
       details.appendChild(el("div", "bb-tool-head", "result of call " + tool.call + " ("
         + (tool.name || callNames(item).get(tool.call) || "unknown call") + ")"));
     }
-    if (text) { details.appendChild(el("pre", "bb-pre", text)); }
+    if (text) { details.appendChild(highlighted("bb-pre", text, hits)); }
     (tool.calls || []).forEach(function (call) {
       details.appendChild(el("div", "bb-tool-head", "call " + call[0] + ": " + call[1]));
       details.appendChild(el("pre", "bb-pre bb-args", call[2]));

@@ -22,6 +22,8 @@ The document (:func:`viewer_data`) is what the page's script renders on demand::
            full  the full history (a reference cell's prompt) as indices into msgs, or null
            rows  one per cell and repeat, keys as in records.rows.PAGE_KEYS, "p" the prompt's msgs
                  indices (null when not kept) and "pm" why ("full", "hash", "none", "cap");
+                 "ev" the item's evidence spans with the prompt, [[span, kept]] (where
+                 prompts.jsonl records them: audit=full, an item with evidence);
                  an episode cell's row (``calls`` set) has "ep" (see :func:`_episode`), or
                  "em" why not ("none": no record in episodes.jsonl, "cap")
     note   why items or prompts were left out, or ""
@@ -227,6 +229,9 @@ def _items(
             else:
                 entry["p"] = messages.indices(prompt.messages)
                 entry["pm"] = "full"
+                if prompt.evidence:
+                    entry["ev"] = [[clip(mark.span), mark.kept] for mark in prompt.evidence]
+                    messages.chars += sum(len(mark[0]) + 8 for mark in entry["ev"])
             if row.get("calls") is not None:
                 episode = _episode(episodes.get((side, cell_id)), messages)
                 if episode is None:
@@ -239,6 +244,7 @@ def _items(
             for entry in entries:
                 if entry.pop("p", None) is not None:
                     entry["pm"] = "cap"
+                entry.pop("ev", None)  # the prompt's evidence marks go with it
                 if entry.pop("ep", None) is not None:
                     entry["em"] = "cap"
             messages = _Messages()

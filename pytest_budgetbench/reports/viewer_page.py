@@ -44,6 +44,9 @@ pre.bb-reply{background:#f6f8fa;padding:4px}pre.bb-error{background:#fff0f0;padd
 .bb-kept{border-color:#2da44e}.bb-new{border-color:#bf8700}
 .bb-dropped .bb-msg,.bb-msg.bb-dropped{border-color:#cf222e;opacity:.75}
 .bb-msg.bb-call{background:#f1f8ff}.bb-msg.bb-result{background:#fbf5ff}
+.bb-evidence{font-size:12px;margin:3px 0}.bb-ev{margin:1px 0}
+.bb-ev-tag{font-weight:600;margin-right:6px}.bb-ev-kept .bb-ev-tag{color:#1a7f37}
+.bb-ev-dropped .bb-ev-tag{color:#cf222e}mark.bb-ev-hit{background:#dafbe1}
 .bb-tool-head{font-weight:600;font-size:12px;margin-top:3px}
 pre.bb-args{background:#f6f8fa;padding:3px}
 .bb-step{border:1px solid #d0d7de;border-radius:4px;margin:4px 0;padding:2px 6px}

@@ -28,6 +28,9 @@ other than the ground truth's is bfcl's ``multi_turn:force_terminated``; otherwi
 and compares states and results turn by turn. Quality is 1 or 0; ``Grade.detail`` has
 bfcl's ``error_type`` and ``error_message``.
 
+Evidence (:func:`provenance`): the ground truth's argument values that a user turn or an
+earlier tool result of its replay showed the model before the call.
+
 Two departures from bfcl, neither reached by a well-formed episode:
 
 - bfcl ``eval()``s each call's text. A call that is not to a backend method and that eval
@@ -51,6 +54,7 @@ extra brings the few it imports, then ``BFCL_INSTALL``. Its import makes ``resul
 
 from __future__ import annotations
 
+import ast
 import builtins
 import copy
 import functools
@@ -63,7 +67,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
-from pytest_budgetbench.messages import Message, Tool, tool_calls_of
+from pytest_budgetbench.messages import Message, Tool, text_of, tool_calls_of
 from pytest_budgetbench.settings.userdirs import user_cache
 from pytest_budgetbench.tasks.base import Environment, EpisodicTask, Grade, Item
 
@@ -248,6 +252,54 @@ class BFCLEpisode(Environment):
         return list(results)
 
 
+def provenance(entry: dict[str, Any], truth: list[list[str]]) -> tuple[str, ...]:
+    """The entry's evidence: each ground-truth argument value that the model was shown
+    before the call, verbatim, in a user turn or a tool result.
+
+    The ground truth is replayed turn by turn on a fresh :class:`BFCLEpisode` (bfcl's own
+    execution, so each result is the text the model sees as a ``tool`` message); a value
+    counts when a user message up to and including the call's own turn, or the result of
+    an earlier call, holds it. Values are the arguments' strings and numbers (as text; the
+    items of lists and the values of dicts too), skipping booleans, None and texts under 3
+    characters. In the order first needed, without repeats."""
+    episode = BFCLEpisode(entry)
+    shown: list[str] = []
+    spans: dict[str, None] = {}
+    try:
+        episode.start()
+        for turn, calls in enumerate(truth):
+            shown += [text_of(message) for message in episode._turn_messages(turn)]
+            for call in calls:
+                for value in _argument_values(call):
+                    if value not in spans and any(value in text for text in shown):
+                        spans[value] = None
+                shown += episode._execute([call])
+    finally:
+        episode.close()
+    return tuple(spans)
+
+
+def _argument_values(call: str) -> list[str]:
+    """A ground-truth call's argument values as text (see :func:`provenance`)."""
+    try:
+        node = ast.parse(call, mode="eval").body
+        assert isinstance(node, ast.Call)
+        values = [ast.literal_eval(arg) for arg in [*node.args, *(k.value for k in node.keywords)]]
+    except (SyntaxError, ValueError, AssertionError):
+        return []
+    texts: list[str] = []
+    while values:
+        value = values.pop(0)
+        if isinstance(value, (list, tuple, set)):
+            values[:0] = list(value)
+        elif isinstance(value, dict):
+            values[:0] = list(value.values())
+        elif (isinstance(value, (str, int, float)) and not isinstance(value, bool)
+              and len(text := str(value)) >= 3):
+            texts.append(text)
+    return texts
+
+
 def _long_context(entry_id: str) -> bool:
     """bfcl's rule: long-context backends for these categories."""
     category = entry_id.rsplit("_", 1)[0]
@@ -287,6 +339,7 @@ class BFCLMultiTurnTask(EpisodicTask):
             category="+".join(entry["involved_classes"]),
             meta={"entry": entry, "turns": len(entry["question"])},
             tools=tuple(openai_tools(entry["function"])),
+            evidence=provenance(entry, truth),
         )
 
     def environment(self, item: Item) -> Environment:
