@@ -723,6 +723,22 @@ def changed_episode_caps(workdir: Path, items: int = 2) -> list[tuple[FaultTally
         fake.stop()
 
 
+WITHOUT_OVERRIDES = ("setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner")
+"""util-linux's setpriv without the capabilities that let root ignore permission bits."""
+
+
+def read_only_prefix() -> list[str]:
+    """The prefix of a command for which permission bits hold: root ignores them, so as
+    root the command runs without the capabilities that override them."""
+    return list(WITHOUT_OVERRIDES) if os.geteuid() == 0 else []
+
+
+def make_read_only(location: Path) -> None:
+    """``location`` and the files in it made read-only, as ``chmod -R a-w`` does."""
+    for path in (*location.iterdir(), location):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
 def read_only_merge(workdir: Path, items: int = 3) -> tuple[FaultTally, str]:
     """``budgetbench cache merge`` from a cache made read-only as ``chmod -R a-w`` does
     (as root, without the capabilities that override permission bits): every entry
@@ -739,10 +755,8 @@ def read_only_merge(workdir: Path, items: int = 3) -> tuple[FaultTally, str]:
         fake.stop()
     with sqlite3.connect(source / "responses.sqlite") as db:
         entries = db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
-    for path in (*source.iterdir(), source):
-        path.chmod(0o555 if path.is_dir() else 0o444)
-    prefix = (["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
-              if os.geteuid() == 0 else [])
+    make_read_only(source)
+    prefix = read_only_prefix()
     before = _digests(source.iterdir())
     started = time.monotonic()
     try:

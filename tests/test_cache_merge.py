@@ -33,6 +33,7 @@ from pytest_budgetbench.model.cache import (
 )
 from pytest_budgetbench.model.chat import Completion
 from tests.fake_openai import FakeOpenAI
+from tests.faults import make_read_only, read_only_prefix
 
 SPACE = "space/1"
 
@@ -358,13 +359,10 @@ def read_only(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
     three_caches(location)
     if not hasattr(os, "geteuid"):
         pytest.skip("permission bits make no file read-only on this platform")
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv: no file can be made unwritable")
-        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
-    for path in (*location.iterdir(), location):
-        path.chmod(0o555 if path.is_dir() else 0o444)
+    prefix = read_only_prefix()
+    if prefix and shutil.which(prefix[0]) is None:
+        pytest.skip("running as root without setpriv: no file can be made unwritable")
+    make_read_only(location)
     try:
         probe = subprocess.run([*prefix, sys.executable, "-c", UNWRITABLE,
                                 str(location / CACHE_FILE)], capture_output=True, text=True)
