@@ -144,3 +144,15 @@ def test_real_retail_domain() -> None:
         gold = json.dumps({"name": item.answer["name"], "arguments": item.answer["arguments"]})
         assert task.grade(item, gold).quality == 1.0, item.item_id
         assert item.meta["split"] in ("train", "test", None)
+
+
+@pytest.mark.parametrize("name", ["policy.md", "split_tasks.json"])
+def test_a_domain_file_that_is_not_utf8_is_one_line_naming_its_line(
+    domain: Path, name: str
+) -> None:
+    (domain / name).write_bytes(b'{"train": ["0"],\n "test": ["1\xff"]}\n')
+    with pytest.raises(DataError) as exc:
+        _task(domain).load()
+    message = str(exc.value)
+    assert name in message and "line 2" in message and "0xff" in message, message
+    assert "\n" not in message

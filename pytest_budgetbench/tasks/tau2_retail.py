@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pytest_budgetbench.errors import MalformedLine
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import (
@@ -52,7 +51,6 @@ from pytest_budgetbench.tasks._data import (
     missing,
     read_data_text,
     read_json,
-    read_text,
     records,
     require,
 )
@@ -151,14 +149,13 @@ class Tau2RetailTask(Task):
                 items.append(item)
         return items
 
-    @staticmethod
-    def _splits(folder: Path) -> dict[str, str]:
+    def _splits(self, folder: Path) -> dict[str, str]:
         path = folder / "split_tasks.json"
         if not path.is_file():
             return {}
-        try:
-            data = json.loads(read_text(path))
-        except (json.JSONDecodeError, MalformedLine):
+        try:  # a byte that is not UTF-8 is one line naming it, as in every data file
+            data = json.loads(read_data_text(self.name, path, "split_tasks.json"))
+        except json.JSONDecodeError:
             return {}
         return {str(i): name for name in ("train", "test") for i in data.get(name, [])}
 
