@@ -204,6 +204,34 @@ def as_sent(messages: Sequence[Message]) -> list[Message]:
             for message in messages]
 
 
+def arguments_as_objects(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` with each tool call's ``arguments`` parsed from its JSON text into an
+    object, as vLLM (and llama.cpp's own server) hand them to a chat template: a template's
+    ``arguments | tojson`` then writes the object, not an escaped string that a model would
+    copy. Arguments that do not parse to an object stay the text they are."""
+    converted: list[Message] = []
+    for message in messages:
+        calls = tool_calls_of(message)
+        if not calls:
+            converted.append(message)
+            continue
+        converted.append({**message, "tool_calls": [_with_object_arguments(c) for c in calls]})
+    return converted
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        parsed = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(parsed, dict):
+        return call
+    return {**call, "function": {**function, "arguments": parsed}}
+
+
 def exchanges(messages: Sequence[Message]) -> list[list[Message]]:
     """``messages`` in units that keep tool-call pairs whole: an assistant message with
     tool calls together with the tool results that follow it; every other message alone.

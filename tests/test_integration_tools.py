@@ -1,6 +1,7 @@
 """Tool-bearing prompts on the real embedded Qwen2.5-Coder: the runner's count is the
 server's own ``usage.prompt_tokens`` (tools rendered by the template, assistant tool calls
-with and without text, tool results, several tools), and its text replies parse into calls."""
+with and without text and with their arguments as objects, tool results, several tools),
+and its text replies parse into calls."""
 
 from __future__ import annotations
 
@@ -83,10 +84,28 @@ def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
                             log_path=Path(tmp_path_factory.mktemp("qwen")) / "server.log")
     server.start()
     try:
-        yield (GGUFCounter(server.model_path),
+        yield (GGUFCounter(server.model_path, object_arguments=True),
                ChatModel(server.base_url, QWEN.alias, tool_parser="hermes"))
     finally:
         server.stop()
+
+
+def test_the_embedded_server_renders_earlier_calls_arguments_as_objects(
+    qwen: tuple[Any, Any]
+) -> None:
+    """As vLLM does: the template writes the arguments object, not an escaped string (whose
+    count differs, so the server's count tells which it rendered)."""
+    from pytest_budgetbench.tokens.counters import GGUFCounter
+
+    counter, chat = qwen
+    messages = [ASK, CALLS_ONLY, RESULT_1]
+    prompt, _ = counter.render(messages, TOOLS)
+    assert '"arguments": {"city": "Paris", "unit": "c"}' in prompt
+    as_text = GGUFCounter(counter._path)
+    assert '"arguments": "{\\"city\\"' in as_text.render(messages, TOOLS)[0]
+    served = chat.complete(messages, max_tokens=1, tools=TOOLS).prompt_tokens
+    assert served == counter.count_messages(messages, TOOLS) != as_text.count_messages(
+        messages, TOOLS)
 
 
 @pytest.mark.parametrize(("messages", "tools"), [(m, t) for _, m, t in PROMPTS],

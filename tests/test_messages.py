@@ -52,3 +52,19 @@ def test_a_private_copy_shares_nothing_a_strategy_could_change() -> None:
     copied[2]["tool_calls"][0]["function"]["name"] = "changed"
     copied.append({"role": "user", "content": "more"})
     assert originals == kept
+
+
+def test_arguments_as_objects_parses_each_calls_json_as_vllm_hands_it_to_a_template() -> None:
+    from pytest_budgetbench.messages import arguments_as_objects
+
+    call = {"id": "a", "type": "function",
+            "function": {"name": "f", "arguments": '{"key": "R1", "n": [1, 2]}'}}
+    broken = {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{not"}}
+    scalar = {"id": "c", "type": "function", "function": {"name": "h", "arguments": "3"}}
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [call, broken, scalar]}]
+    converted = arguments_as_objects(messages)
+    assert converted[0] is messages[0]
+    parsed = [c["function"]["arguments"] for c in converted[1]["tool_calls"]]
+    assert parsed == [{"key": "R1", "n": [1, 2]}, "{not", "3"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == call["function"]["arguments"]

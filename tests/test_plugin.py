@@ -376,13 +376,19 @@ def test_non_inferiority_gate_fails_a_small_unchanged_run_and_passes_a_large_one
     small = sweep("small", 10, *gate)
     assert small.ret == pytest.ExitCode.TESTS_FAILED
     small.assert_outcomes(passed=10, failed=1)
-    assert (
+    (failed,) = [line for line in small.stdout.lines
+                 if line.startswith("budgetbench gate failed:")]
+    quality, retention = failed.split("; memory: ")
+    assert quality == (
         "budgetbench gate failed: memory: truncation@8192: non-inferiority test failed: the "
         "lower bound -0.278 of the 95% interval of the change is not above the margin -0.05, "
         "so a drop of more than 0.05 is not excluded; with n=10 it cannot be: even with no "
         "flip it takes 73 items (change +0.000 over 10 paired items, 95% CI [-0.278, +0.278] "
         "(score interval), margin 0.05, MDE 0.616, 0 right->wrong and 0 wrong->right "
-        "(McNemar exact p=1))") in small.stdout.lines
+        "(McNemar exact p=1))")
+    # Retention is paired too: 8 of the 10 items declare evidence, too few to exclude 0.05.
+    assert retention.startswith("truncation@8192 evidence retention: non-inferiority test "
+                                "failed: the lower bound -0.324 ")
 
     large = sweep("large", 200, *gate)
     assert large.ret == pytest.ExitCode.OK

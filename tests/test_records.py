@@ -202,7 +202,10 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
         "sum_call_tokens", "violated_call", "total_tokens", "prefix_reuse"}
     # Schema 4 (issue 33): evidence retention, null where an item declares no evidence.
     schema_4_fields = schema_3_fields | {"evidence_total", "evidence_kept", "evidence_retention"}
-    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (4, schema_4_fields)
+    # Schema 5 (issue 33): how an episode ran, and a teacher-forced one's step scores.
+    schema_5_fields = schema_4_fields | {"episode_mode", "steps", "steps_exact", "steps_name",
+                                         "name_accuracy"}
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (5, schema_5_fields)
 
 
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:

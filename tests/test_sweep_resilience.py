@@ -268,6 +268,7 @@ def test_every_setting_the_definition_declares_is_recorded_and_a_change_is_named
     ("--budgetbench-max-tokens", "32", "16"),
     ("--budgetbench-temperature", "0", "0.5"),
     ("--budgetbench-seed", "0", "3"),
+    ("--budgetbench-episodes", "free-running", "teacher-forced"),
 ])
 def test_an_agent_sweep_resumed_with_a_changed_episode_setting_is_refused(
     pytester: pytest.Pytester, tmp_path: Path, flag: str, first: str, then: str

@@ -10,6 +10,7 @@ unreadable records.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -50,6 +51,9 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     gates.add_argument("--max-violation-rate", **from_option("max_violation_rate"),
                        help="fail when a non-reference strategy@budget's violation rate "
                        "exceeds R")
+    gates.add_argument("--min-retention", **from_option("min_retention"),
+                       help="fail when a non-reference strategy@budget's mean evidence "
+                       "retention is below R (STRATEGY@BUDGET=R: one cell's floor)")
     gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
                        help="a previous report.json to compare against")
     gates.add_argument("--max-regression", **from_option("max_regression"),
@@ -90,9 +94,10 @@ def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
     from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.records.store import RunStore
-    from pytest_budgetbench.reports import Prices, build_report, violation_gate
+    from pytest_budgetbench.reports import Prices, build_report, retention_gate, violation_gate
     from pytest_budgetbench.reports.gates import regression_findings
     from pytest_budgetbench.reports.load import require_rows
+    from pytest_budgetbench.settings.config import retention_floor
 
     if (args.price_in is None) != (args.price_out is None):
         return _usage("--price-in and --price-out go together")
@@ -119,6 +124,9 @@ def run_report(args: argparse.Namespace) -> int:
     reasons: list[str] = []
     if args.max_violation_rate is not None:
         reasons += violation_gate(report, args.max_violation_rate)
+    if args.min_retention is not None:
+        reasons += retention_gate(report, functools.partial(retention_floor,
+                                                            args.min_retention))
     if args.baseline is not None:
         # Unlike the plugin's, a harm-shown gate runs on --baseline alone, tolerating no drop.
         found = regression_findings(report, args.baseline, args.max_regression or 0.0,

@@ -1,4 +1,5 @@
-"""The embedded llama.cpp server's process: ``python -m llama_cpp.server`` on 127.0.0.1 with
+"""The embedded llama.cpp server's process: ``python -m llama_cpp.server`` (through
+:mod:`~pytest_budgetbench.embedded.serve`) on 127.0.0.1 with
 pinned flags, started once, its log, its readiness, and its stop (with the sweep's death too).
 """
 
@@ -24,6 +25,8 @@ PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
                   "pydantic_settings")
 """What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
+SERVE_MODULE = "pytest_budgetbench.embedded.serve"
+"""``llama_cpp.server``, run with tool calls' arguments rendered as objects (its module)."""
 READY_TIMEOUT_S = 120.0
 """How long one launch of the embedded server may take to answer /models."""
 POLL_TIMEOUT_S = 2.0
@@ -103,8 +106,10 @@ class EmbeddedServer:
 
     @property
     def recorded_flags(self) -> dict[str, Any]:
-        """What a row's ``server_flags`` says: the command's flags and the environment."""
-        return {**self.flags, **self.env}
+        """What a row's ``server_flags`` says: the command's flags, how the server hands
+        tool calls' arguments to the chat template (``embedded.serve``) and the
+        environment."""
+        return {**self.flags, "tool_arguments": "object", **self.env}
 
     def child_environment(self) -> dict[str, str]:
         return {**os.environ, **self.env}
@@ -123,7 +128,7 @@ class EmbeddedServer:
             )
 
     def command(self) -> list[str]:
-        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
+        argv = [sys.executable, "-m", SERVE_MODULE, "--model", str(self.model_path),
                 "--model_alias", self.model.alias, "--host", "127.0.0.1",
                 "--port", str(self.port)]
         for key, value in self.flags.items():

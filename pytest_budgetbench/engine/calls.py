@@ -73,7 +73,7 @@ class CallOutcome:
 
     counted_tokens: int
     completion: Completion | None = None
-    """None when the prompt was over budget and nothing was sent."""
+    """None when nothing was sent: the prompt was over budget, or the sweep is model-free."""
     violation: str = ""
 
     @property
@@ -100,19 +100,20 @@ def budgeted_call(
     *,
     budget: int,
     tokens: TokenCounter,
-    send: Callable[[], Completion],
+    send: Callable[[], Completion] | None,
     tools: Sequence[Tool] | None = None,
     counted: int | None = None,
 ) -> CallOutcome:
     """Count ``prompt`` with ``tools`` (unless ``counted`` is given), check it against
-    ``budget`` and, only if it fits, ``send()`` it. A prompt over budget is no error here:
-    a cell or an episode records the violation, an auxiliary call raises it."""
+    ``budget`` and, only if it fits, ``send()`` it; with no ``send`` (a model-free sweep)
+    the outcome is the count alone. A prompt over budget is no error here: a cell or an
+    episode records the violation, an auxiliary call raises it."""
     if counted is None:
         counted = tokens.count_messages(prompt, tools)
     check = BudgetCheck(counted, budget)
     if not check.fits:
         return CallOutcome(counted, violation=violation_message(site, check, tokens))
-    return CallOutcome(counted, send())
+    return CallOutcome(counted, send() if send is not None else None)
 
 
 class SentCall(Protocol):

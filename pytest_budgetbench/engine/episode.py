@@ -19,7 +19,7 @@ into the trajectory (``{"t": i}``) and the messages the strategy made (``{"m": .
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
@@ -31,8 +31,11 @@ from pytest_budgetbench.messages import Message, Tool, shared_call_id
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
 from pytest_budgetbench.records.rows import CellRow
-from pytest_budgetbench.tasks import Environment
+from pytest_budgetbench.tasks import Environment, ReferenceStep, StepScore
 from pytest_budgetbench.tokens.counters import TokenCounter, message_key, prompt_sha256
+
+FREE_RUNNING, TEACHER_FORCED = "free-running", "teacher-forced"
+"""The row's ``episode_mode`` (``--budgetbench-episodes``)."""
 
 
 @dataclass
@@ -198,6 +201,85 @@ class EpisodeLoop:
         call.parsed_tool_calls = outcome.completion.parsed_tool_calls
 
 
+StepScorer = Callable[[int, Message], StepScore]
+"""Scores the model's prediction at a reference step (its index): the task's score_step."""
+
+
+@dataclass
+class TeacherForcedLoop(EpisodeLoop):
+    """Plays an episode teacher-forced: at each scored step of the reference trajectory the
+    strategy builds the prompt from the reference trajectory so far, the runner counts and
+    enforces it (a call over budget ends the episode, as in a free-running one), the model
+    predicts the next action and ``score`` scores it; then the reference action, not the
+    prediction, enters the trajectory, and the environment answers it with its real result.
+    Unscored steps (a turn's end) go straight into the trajectory. With ``score`` None (a
+    model-free sweep) nothing is sent: each step's prompt is counted, checked and its
+    evidence counted. The reference is finite, so --budgetbench-max-calls does not cap it."""
+
+    steps: Sequence[ReferenceStep] = ()
+    score: StepScorer | None = None
+    checker: str = ""
+    """The step checker's id, of the last step scored (the row's grader)."""
+
+    def play(self) -> Episode:
+        env = self.environment
+        episode = Episode(trajectory=list(env.start()), tools=list(env.tools),
+                          evidence=TrajectoryEvidence(self.evidence))
+        for index, step in enumerate(self.steps):
+            if step.scored and not self._predict(episode, index):
+                return episode  # over budget: the violation ends it
+            episode.trajectory.append(dict(step.action))
+            following = env.respond(dict(step.action))
+            if following is None:
+                break
+            episode.trajectory.extend(following)
+            episode.tools = list(env.tools)
+        episode.ended = Ended.DONE
+        return episode
+
+    def _predict(self, episode: Episode, index: int) -> bool:
+        """One scored step's call; False when its prompt was over budget."""
+        tools = list(self.environment.tools)
+        prompt, seconds, counted = self.cell.prompt(list(episode.trajectory), tools)
+        episode.strategy_s += seconds
+        episode.last_prompt = prompt
+        call = self._record_call(episode, prompt, tools, counted)
+        call.step = index + 1
+        send = None if self.score is None else partial(self._reply, call, prompt, tools)
+        outcome = budgeted_call(replace(self.cell.site, call=call.call), prompt,
+                                budget=self.budget, tokens=self.tokens, counted=counted,
+                                send=send)
+        if outcome.violation:
+            episode.ended, episode.violation = Ended.VIOLATION, outcome.violation
+            return False
+        if outcome.completion is not None and self.score is not None:
+            self._received(call, outcome)
+            call.predicted = outcome.completion.message
+            scored = self.score(index, call.predicted)
+            call.exact, call.name_ok, self.checker = scored.exact, scored.name, scored.checker
+            episode.last_reply = outcome.completion.text
+        return True
+
+
+def fill_teacher_forced(row: CellRow, episode: Episode, checker: str) -> None:
+    """A teacher-forced episode's row, after :func:`fill_row`: its steps and their scores
+    (quality is the exact step accuracy, over the steps predicted; none in a model-free
+    sweep or over budget), and its evidence summed over its steps' prompts."""
+    calls = episode.calls
+    row.episode_mode = TEACHER_FORCED
+    row.steps = len(calls)
+    scored = [call for call in calls if call.exact is not None]
+    row.steps_exact = sum(1 for call in scored if call.exact) if scored else None
+    row.steps_name = sum(1 for call in scored if call.name_ok) if scored else None
+    if scored and not episode.violation:
+        row.quality = round(len([c for c in scored if c.exact]) / len(scored), 4)
+        row.name_accuracy = round(len([c for c in scored if c.name_ok]) / len(scored), 4)
+        row.grader = checker
+    shown = [call for call in calls if call.evidence_total]
+    fill_retention(row, Retention(sum(c.evidence_total or 0 for c in shown),
+                                  sum(c.evidence_kept or 0 for c in shown)) if shown else None)
+
+
 def fill_row(row: CellRow, episode: Episode) -> None:
     """The episode's numbers on its row: per-call counts, the call that violated, its
     real cost (every call's prompt and output tokens) and how much of each prompt the
@@ -229,4 +311,5 @@ def fill_row(row: CellRow, episode: Episode) -> None:
     last = calls[-1] if calls else None
     fill_retention(row, None if last is None or last.evidence_total is None
                    else Retention(last.evidence_total, last.evidence_kept or 0))
+    row.episode_mode = FREE_RUNNING
     fill_outcome(row, calls, episode.violation)

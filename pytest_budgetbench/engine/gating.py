@@ -53,6 +53,7 @@ def sweep_gates(settings: Settings) -> list[GateSpec]:
         references, settings.budgets,
         violation=settings.max_violation_rate is not None,
         regression=settings.baseline is not None and settings.max_regression is not None,
+        retention_floor=settings.retention_floor if settings.min_retention else None,
     )
 
 
@@ -83,6 +84,7 @@ def judge(session: GateSession, gate: GateSpec, running_elsewhere: set[str]) -> 
         max_rate=settings.max_violation_rate, max_regression=settings.max_regression,
         regression_test=settings.regression_test,
         baseline=Path(settings.baseline) if settings.baseline else None,
+        min_retention=settings.retention_floor(gate.strategy, gate.budget, reference=False),
     )
     if waiting:
         stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"

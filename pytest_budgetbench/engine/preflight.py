@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,10 +56,35 @@ def check_settings(settings: Settings) -> None:
     if settings.cache_mode not in (None, "off") and settings.cache_path:
         _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
     _check_embedding_model(settings)
-    if settings.endpoint is None:
+    if settings.endpoint is None and not settings.model_free:
         from pytest_budgetbench.embedded import embedded_model
 
         embedded_model(settings.model)  # --budgetbench-model names an embedded model
+    if settings.model_free:
+        _check_model_free_strategies(settings, strategies)
+
+
+def _check_model_free_strategies(settings: Settings,
+                                 strategies: Mapping[str, type[Strategy]]) -> None:
+    """A model-free sweep runs a strategy that needs an auxiliary model (it declares the
+    regime auxiliary-model-assisted) only with one named ``aux``."""
+    from pytest_budgetbench.strategies import Regime
+
+    if "aux" in (settings.aux_models or {}):
+        return
+    needing = [spec for spec, cls in strategies.items() if Regime.AUXILIARY_MODEL in cls.regimes]
+    if needing:
+        raise ConfigError(
+            f"--budgetbench-model=none sends nothing, but {_names(needing)} "
+            f"{'calls' if len(needing) == 1 else 'call'} an auxiliary model: leave "
+            f"{'it' if len(needing) == 1 else 'them'} out, or name the model "
+            "with --budgetbench-aux-models=aux=URL#MODEL")
+
+
+def _names(specs: Sequence[str]) -> str:
+    quoted = [f"'{spec}'" for spec in specs]
+    label = "strategy" if len(quoted) == 1 else "strategies"
+    return f"{label} {', '.join(quoted)}"
 
 
 def check_extras(
@@ -81,10 +106,14 @@ def check_extras(
     tokenizer = settings.tokenizer.partition(":")[0]
     if tokenizer in _TOKENIZER_NEEDS:
         needs.append((f"--budgetbench-tokenizer={tokenizer}:", _TOKENIZER_NEEDS[tokenizer]))
-    if settings.endpoint is None:
+    if settings.endpoint is None and not settings.model_free:
         needs.append(("the embedded model (used when no endpoint is given)",
                       _EMBEDDED_NEEDS))
+    elif settings.model_free and settings.tokenizer == "auto":
+        needs.append(("the embedded model's tokenizer (a model-free sweep counts with it "
+                      "under --budgetbench-tokenizer=auto)", _EMBEDDED_NEEDS))
     for flag, value in (("--budgetbench-max-violation-rate", settings.max_violation_rate),
+                        ("--budgetbench-min-retention", settings.min_retention),
                         ("--budgetbench-baseline", settings.baseline)):
         if value is not None:
             needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
@@ -198,6 +227,54 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
     _check_tool_strategies(settings, catalog)
     check_not_empty(settings, cells)
     _check_baseline(settings, cells)
+    _check_retention_floors(settings, catalog, cells)
+    _check_episode_mode(settings, catalog)
+
+
+def _check_retention_floors(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None:
+    """A retention floor judges evidence: an entry for a strategy@budget the sweep does not
+    run, or a sweep whose items declare none, would be a gate over nothing."""
+    if not settings.min_retention:
+        return
+    swept = {f"{cell.strategy_label}@{cell.budget}" for cell in cells}
+    for key in sorted(settings.min_retention.keys() - {""} - swept):
+        raise ConfigError(
+            f"--budgetbench-min-retention: {key} is not a strategy@budget of this sweep "
+            f"(it runs {', '.join(sorted(swept)[:6])}{', ...' if len(swept) > 6 else ''}); "
+            "name one it runs")
+    if not any(item.evidence for name in catalog.names for item in catalog.items(name)):
+        raise ConfigError(
+            f"--budgetbench-min-retention: no item of the sweep's tasks "
+            f"({', '.join(catalog.names)}) declares evidence, so there is no retention to "
+            "gate on; declare evidence (docs/reports.md, Evidence retention) or drop the floor")
+
+
+def _check_episode_mode(settings: Settings, catalog: Catalog) -> None:
+    """Teacher-forced episodes need a task with a reference trajectory; a model-free sweep
+    plays agent episodes only teacher-forced (the model's replies drive a free-running one)."""
+    from pytest_budgetbench.tasks import EpisodicTask
+
+    episodic = {name: task for name in catalog.names
+                if isinstance(task := catalog.task(name), EpisodicTask)}
+    teacher_forced = settings.episodes == "teacher-forced"
+    if teacher_forced and not episodic:
+        raise ConfigError(
+            "--budgetbench-episodes=teacher-forced runs agent episodes, and no task of the "
+            f"sweep ({', '.join(catalog.names)}) is one: add an agent task (agent_lookup, "
+            "bfcl_multi_turn_*), or drop the option")
+    for name, task in episodic.items():
+        has_reference = type(task).reference_steps is not EpisodicTask.reference_steps
+        if teacher_forced and not has_reference:
+            raise ConfigError(
+                f"--budgetbench-episodes=teacher-forced: task '{name}' has no reference "
+                "trajectory to force (its reference_steps gives none); run it free-running, "
+                "or give it reference steps")
+        if settings.model_free and not teacher_forced:
+            raise ConfigError(
+                f"--budgetbench-model=none cannot run task '{name}' free-running: its agent "
+                "episodes are driven by the model's replies; pass "
+                "--budgetbench-episodes=teacher-forced to count each step of its reference "
+                "trajectory, or give a model")
 
 
 def _check_evidence(catalog: Catalog) -> None:

@@ -14,7 +14,13 @@ from typing import Any, Protocol, TypeVar
 from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
-from pytest_budgetbench.engine.episode import EpisodeLoop, fill_row
+from pytest_budgetbench.engine.episode import (
+    TEACHER_FORCED,
+    EpisodeLoop,
+    TeacherForcedLoop,
+    fill_row,
+    fill_teacher_forced,
+)
 from pytest_budgetbench.engine.evidence import fill_retention, spans_kept, tally
 from pytest_budgetbench.errors import (
     BudgetBenchError,
@@ -44,7 +50,7 @@ from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.settings.config import Settings, strategy_values
 from pytest_budgetbench.settings.workers import worker_id
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
-from pytest_budgetbench.tasks import EpisodicTask, Item, Task
+from pytest_budgetbench.tasks import Environment, EpisodicTask, Item, StepScore, Task
 from pytest_budgetbench.tokens.counters import TokenCounter, prompt_sha256
 
 T = TypeVar("T")
@@ -226,10 +232,13 @@ class Runner:
         outcome = budgeted_call(
             CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,
             tokens=self.tokens, counted=counted,
-            send=lambda: self._call(prompt, timer, item.tools, self.settings.max_tokens))
+            send=self._sender(lambda: self._call(prompt, timer, item.tools,
+                                                 self.settings.max_tokens)))
         completion = outcome.completion
         if completion is None:
-            fill_outcome(row, [], outcome.violation)  # nothing sent: the model's fields stay empty
+            # Nothing sent (over budget, or model-free): the model's fields stay empty, and
+            # an admitted model-free row is "ok" with no quality.
+            fill_outcome(row, [], outcome.violation)
             self.store.write_row(row)
             return CellResult(cell, item, row, prompt, strategy.reference,
                               violation=outcome.violation)
@@ -256,21 +265,40 @@ class Runner:
         try:
             self._as_strategy_error(strategy, cell, lambda: self._within_timeout(
                 lambda: strategy.reset(context), strategy, cell))
-            loop = EpisodeLoop(environment, self.tokens, cell.budget, self.settings.max_calls,
-                               EpisodeTurns(self, strategy, cell, context),
-                               evidence=item.evidence)
+            loop = self._episode_loop(task, item, environment,
+                                      EpisodeTurns(self, strategy, cell, context), cell.budget)
             episode = timer(loop.play) if timer is not None else loop.play()
         finally:
             environment.close()
         self._record_strategy(row, context)
         fill_row(row, episode)
-        if not episode.violation:
+        if isinstance(loop, TeacherForcedLoop):
+            fill_teacher_forced(row, episode, loop.checker)
+        elif not episode.violation:
             grade = task.grade_trajectory(item, episode.trajectory)
             row.quality, row.extracted, row.grader = grade.quality, grade.extracted, grade.grader
         self.store.write_episode(episode.record(cell.cell_id, self.run_id))
         self.store.write_row(row)
         return CellResult(cell, item, row, episode.last_prompt, strategy.reference,
                           violation=episode.violation)
+
+    def _episode_loop(self, task: EpisodicTask, item: Item, environment: Environment,
+                      turns: EpisodeTurns, budget: int) -> EpisodeLoop:
+        """The loop of ``--budgetbench-episodes``: free-running, or teacher-forced on the
+        task's reference steps (scored by the task; in a model-free sweep, only counted)."""
+        if self.settings.episodes != TEACHER_FORCED:
+            return EpisodeLoop(environment, self.tokens, budget, self.settings.max_calls,
+                               turns, evidence=item.evidence)
+        steps = task.reference_steps(item)
+        if steps is None:  # the preflight refuses the mode for such a task
+            raise StrategyError(f"task '{task.name}' has no reference trajectory")
+
+        def score(index: int, prediction: Message) -> StepScore:
+            return task.score_step(item, steps, index, prediction)
+
+        return TeacherForcedLoop(environment, self.tokens, budget, self.settings.max_calls,
+                                 turns, evidence=item.evidence, steps=steps,
+                                 score=score if self.endpoint.sends else None)
 
     def _describe(self, row: CellRow, strategy: Strategy, cell: Cell) -> None:
         """The strategy's own fields of the row; a strategy whose declarations cannot be
@@ -396,6 +424,10 @@ class Runner:
         if failure:
             raise failure[0]
         return outcome[0]
+
+    def _sender(self, send: Callable[[], Completion]) -> Callable[[], Completion] | None:
+        """``send``, or None in a model-free sweep (its endpoint sends nothing)."""
+        return send if self.endpoint.sends else None
 
     def _call(self, prompt: list[Message], timer: Timer | None, tools: Sequence[Tool],
               max_tokens: int) -> Completion:

@@ -138,6 +138,8 @@ class BudgetBenchSession:
         wiring.check_caches(settings, self.store.run_dir)
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
+        elif settings.model_free:
+            self.endpoint = wiring.model_free_endpoint(settings)
         else:
             self.endpoint = self._embedded()
         self.aux_endpoints = {
@@ -149,6 +151,11 @@ class BudgetBenchSession:
         self.store.lock()
         self._write_run_info()
         self.started = True
+
+    @property
+    def counter_name(self) -> str:
+        """The token counter the sweep counts with, as rows name it (once started)."""
+        return self._counter.name if self._counter else self.settings.tokenizer
 
     def embedded_description(self) -> str:
         """What starting the embedded model means, for the line printed before it starts."""
@@ -166,7 +173,7 @@ class BudgetBenchSession:
         assert self.endpoint is not None
         block = resume.sweep_definition(
             self.settings, self.catalog, self.endpoint.model,
-            self._counter.name if self._counter else self.settings.tokenizer,
+            self.counter_name,
             {name: e.model for name, e in self.aux_endpoints.items()})
         info = {"run_id": self.run_id, "settings": self.settings.public(),
                 "endpoint": self.endpoint.label, "model": self.endpoint.model,

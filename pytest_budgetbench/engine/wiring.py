@@ -53,6 +53,19 @@ def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-mod
     return Endpoint(base_url=settings.endpoint, model=model, replicas=settings.replicas)
 
 
+def model_free_endpoint(settings: Settings) -> Endpoint:
+    """A model-free sweep's endpoint: nothing to send to; with --budgetbench-tokenizer=auto
+    its counter is the embedded default model's GGUF (read, never served)."""
+    from pytest_budgetbench.model.endpoint import MODEL_FREE_LABEL
+
+    gguf = None
+    if settings.tokenizer == "auto":
+        from pytest_budgetbench.embedded import embedded_gguf_path
+
+        gguf = str(embedded_gguf_path())
+    return Endpoint(base_url="", model=MODEL_FREE_LABEL, gguf_path=gguf, sends=False)
+
+
 def check_replica(url: str, model: str, api_key: str | None) -> None:
     """A replica must be up and serve the pool's model: its replies share the cache's key."""
     from pytest_budgetbench.model.chat import probe_endpoint
@@ -125,8 +138,8 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) ->
     if choice == "server":
         return budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
     # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
-    if endpoint.gguf_path:
-        return budget.GGUFCounter(endpoint.gguf_path)
+    if endpoint.gguf_path:  # the embedded server's model: it renders arguments as objects
+        return budget.GGUFCounter(endpoint.gguf_path, object_arguments=True)
     counter = budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
     try:
         counter.count_text("probe")
@@ -379,11 +392,17 @@ def make_runner(
         return make_chat(settings, target, response_store=response_store, slots_dir=slots_dir,
                          launcher=launcher)
 
-    main_chat = chat(endpoint, launcher)
-    aux_chats = {name: chat(target) for name, target in (aux_endpoints or {}).items()}
-    structured = {"aux": structured_output(settings, endpoint, main_chat, response_store)}
-    for name, target in (aux_endpoints or {}).items():
-        structured[name] = structured_output(settings, target, aux_chats[name], response_store)
+    aux_endpoints = dict(aux_endpoints or {})
+    aux_chats = {name: chat(target) for name, target in aux_endpoints.items()}
+    structured = {name: structured_output(settings, target, aux_chats[name], response_store)
+                  for name, target in aux_endpoints.items()}
+    if endpoint.sends:
+        main_chat = chat(endpoint, launcher)
+        structured["aux"] = structured_output(settings, endpoint, main_chat, response_store)
+    else:  # model-free: a strategy's auxiliary calls go to the model named aux, if any
+        from pytest_budgetbench.model.backend import NoModel
+
+        main_chat = aux_chats.pop("aux") if "aux" in aux_chats else NoModel()
     return Runner(
         settings,
         catalog,

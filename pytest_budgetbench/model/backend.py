@@ -53,3 +53,21 @@ class ChatBackend(Protocol):
         reply should follow, :mod:`~pytest_budgetbench.model.structured`), when given, are sent
         with the request."""
         ...
+
+
+class NoModel:
+    """The chat of a model-free sweep (``--budgetbench-model=none``): the runner sends a
+    cell's prompts nowhere, and a strategy that asks the auxiliary model without one
+    named gets this error (a strategy that declares it needs one is refused before any
+    cell; this catches one that did not declare it)."""
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Tool] | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> Completion:
+        from pytest_budgetbench.errors import EndpointError
+
+        raise EndpointError(
+            "a model-free sweep (--budgetbench-model=none) has no model to answer an "
+            "auxiliary call: name one with --budgetbench-aux-models=aux=URL#MODEL, or "
+            "leave this strategy out (a strategy that calls it should declare the regime "
+            "auxiliary-model-assisted)")

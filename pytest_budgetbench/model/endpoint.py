@@ -14,6 +14,9 @@ EMBEDDED_LABEL = "embedded"
 """The embedded server's ``endpoint`` in rows and run.json: it starts on the first cache
 miss, if at all, on a new port every run, so no URL would say anything."""
 
+MODEL_FREE_LABEL = "none"
+"""A model-free sweep's ``endpoint`` and ``model`` in rows and run.json: nothing answers."""
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -31,6 +34,9 @@ class Endpoint:
     replicas: tuple[str, ...] = field(default=(), repr=False)
     """Every URL of a model served by several replicas, ``base_url`` first (its token
     counts are every replica's); empty for one URL."""
+    sends: bool = True
+    """False for a model-free sweep's (``--budgetbench-model=none``): no model answers, so
+    prompts are counted and checked, and nothing is sent."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", tuple(self.replicas))  # a worker gets a list
@@ -41,6 +47,8 @@ class Endpoint:
         given, comma-separated."""
         if self.replicas:
             return ",".join(redact_url(url) for url in self.replicas)
+        if not self.sends:
+            return MODEL_FREE_LABEL
         return EMBEDDED_LABEL if self.embedded else redact_url(self.base_url)
 
     @property

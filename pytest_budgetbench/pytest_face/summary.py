@@ -21,7 +21,8 @@ def start_session(config: pytest.Config, session: BudgetBenchSession) -> None:
     """Start the sweep's session, with its lines; a usage error or nothing to run ends
     pytest."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and not session.settings.endpoint:
+    if reporter is not None and not session.settings.endpoint \
+            and not session.settings.model_free:
         session.on_server_start = starting_line(config, session, reporter)
     from pytest_budgetbench.engine.preflight import NothingToRun
     from pytest_budgetbench.engine.wiring import credential_line
@@ -39,6 +40,10 @@ def start_session(config: pytest.Config, session: BudgetBenchSession) -> None:
     for note in session.notes:
         if reporter is not None:
             reporter.write_line(redact(f"budgetbench: warning: {note}"), yellow=True)
+    if reporter is not None and session.settings.model_free:
+        reporter.write_line(f"budgetbench: model-free sweep (--budgetbench-model=none): every "
+                            f"prompt is built, counted ({session.counter_name}) and held to "
+                            "its budget; nothing is sent and no model starts")
     shard = session.settings.shard
     if reporter is not None and shard is not None:  # a job's log says which part it ran
         reporter.write_line(f"budgetbench: shard {shard[0]}/{shard[1]} "

@@ -35,7 +35,7 @@ KEY = "definition"
 
 CELL_SETTINGS: tuple[str, ...] = (
     "model", "seed", "items", "max_tokens", "agent_max_tokens", "max_calls", "temperature",
-    "tokenizer", "grader",
+    "tokenizer", "grader", "episodes",
     "judge_model", "embedding_model", "embedding_backend", "aux_models",
 )
 """The core settings that change what a cell is (its prompt, its request or its grade).

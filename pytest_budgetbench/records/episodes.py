@@ -68,6 +68,15 @@ class CallRecord:
     arrives in tool results); None where the item declares none, or in an older record."""
     evidence_kept: int | None = field(default=None, metadata={_PAGE: "ek"})
     """Of those, the spans this call's prompt held verbatim (engine.evidence)."""
+    step: int | None = field(default=None, metadata={_PAGE: "sp"})
+    """A teacher-forced call's reference step (1-based, of all the reference's steps)."""
+    predicted: Message | None = None
+    """A teacher-forced call's reply: the model's predicted action (the trajectory goes on
+    with the reference's)."""
+    exact: bool | None = field(default=None, metadata={_PAGE: "sx"})
+    """Whether the prediction is the reference step, by the task's step checker."""
+    name_ok: bool | None = field(default=None, metadata={_PAGE: "sn"})
+    """Whether it calls the reference's functions (names only)."""
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

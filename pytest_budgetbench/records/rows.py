@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
@@ -26,7 +26,8 @@ class Status(StrEnum):
     and is written to cells.jsonl as that text."""
 
     OK = "ok"
-    """Sent within budget and graded."""
+    """Admitted: within budget, sent and graded; in a model-free sweep
+    (``--budgetbench-model=none``) within budget and not sent, its quality empty."""
     VIOLATION = "violation"
     """The post-strategy prompt counted more tokens than the budget; nothing was sent."""
     ERROR = "error"
@@ -140,6 +141,17 @@ class CellRow(Mapping[str, Any]):
     # evidence_kept / evidence_total, rounded to 4 places
     evidence_retention: float | None = field(
         default=None, metadata=_about(measure=True, page="er"))
+    # How an agent episode ran (schema 5, issue 33): free-running | teacher-forced; null
+    # for a single-call cell. A teacher-forced episode's quality is its exact step accuracy
+    # (steps_exact / steps), its evidence fields are summed over its steps' prompts.
+    episode_mode: str | None = field(default=None, metadata=_about(categorical=True, page="mo"))
+    # reference steps the model was asked to predict (every step's prompt was counted)
+    steps: int | None = field(default=None, metadata=_about(page="ns"))
+    # of those, predicted exactly (the task's step checker), and with the right functions
+    steps_exact: int | None = field(default=None, metadata=_about(page="sx"))
+    steps_name: int | None = field(default=None, metadata=_about(page="sn"))
+    # steps_name / steps: the name-only step accuracy, beside quality's exact one
+    name_accuracy: float | None = field(default=None, metadata=_about(measure=True, page="na"))
 
     # -- the mapping face (read-only) -------------------------------------------------------
     def __getitem__(self, name: str) -> Any:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         check_baseline_comparable,
         gate_verdict,
         regression_gate,
+        retention_gate,
         violation_gate,
     )
     from pytest_budgetbench.reports.load import ReportError
@@ -53,6 +54,7 @@ _EXPORTS = {
     "violation_gate": "gates",
     "gate_verdict": "gates",
     "regression_gate": "gates",
+    "retention_gate": "gates",
     "check_baseline_comparable": "gates",
     "ReportError": "load",
     "Prices": "tables",
@@ -74,6 +76,7 @@ __all__ = [
     "gate_verdict",
     "register_report_extension",
     "regression_gate",
+    "retention_gate",
     "violation_gate",
     "write_report",
 ]

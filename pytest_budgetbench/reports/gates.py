@@ -12,7 +12,7 @@ too small to detect a drop of D (its minimal detectable drop is larger).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +31,7 @@ from pytest_budgetbench.reports.verdicts import (
     NONINFERIORITY,
     RATE_EPS,
     REGRESSION_TESTS,
+    RETENTION_GATE,
     VIOLATION_GATE,
     GateSpec,
     GateVerdict,
@@ -86,6 +87,52 @@ def violation_gate(report: GatedReport, max_rate: float) -> list[str]:
     return reasons
 
 
+def retention_gate(report: GatedReport, floor: Callable[[str, int, bool], float | None]
+                   ) -> list[str]:
+    """One line per strategy@budget whose pooled mean evidence retention is below its floor
+    (``floor(strategy, budget, reference)``, None: no floor), as :func:`gate_verdict`."""
+    summary = report.summary
+    reasons: list[str] = []
+    if summary.empty:
+        return ["retention gate: no strategy@budget has a row, so there is no retention "
+                "to judge"]
+    for key, group in summary.groupby(["strategy", "budget"], sort=True):
+        strategy, budget = key_values(key)
+        cell_floor = floor(str(strategy), int(budget), bool(group["reference"].any()))
+        if cell_floor is not None:
+            verdict = gate_verdict(report, GateSpec(RETENTION_GATE, str(strategy), int(budget)),
+                                   min_retention=cell_floor)
+            reasons.extend(verdict.reasons)
+    return reasons
+
+
+def _retention_verdict(report: GatedReport, counted: GateVerdict, floor: float,
+                       n_error: int) -> GateVerdict:
+    """The retention floor: the mean over the strategy@budget's admitted items that declare
+    evidence, pooled over tasks (each item's retention averaged over its repeats)."""
+    spec = counted.spec
+    label = f"{spec.strategy}@{spec.budget}"
+    kept = {f"{task}/{item}": value
+            for (task, strategy, budget), cell in report_json.cell_records(report.document).items()
+            if (strategy, budget) == (spec.strategy, spec.budget)
+            for item, value in cell.retention.items()}
+    if not kept:
+        why = (f"no cell was admitted ({counted.n_violation or 0} over budget, {n_error} "
+               "errored)" if not counted.n_judged or counted.n_judged == counted.n_violation
+               else "none of its admitted items declares evidence")
+        return replace(counted, reasons=(f"{label}: {why}, so there is no evidence retention "
+                                         "to judge",))
+    mean = sum(kept.values()) / len(kept)
+    judged = replace(counted, retention=mean)
+    if mean >= floor - RATE_EPS:
+        return judged
+    lowest = sorted(kept.items(), key=lambda pair: (pair[1], pair[0]))[:3]
+    return replace(judged, reasons=(
+        f"{label}: mean evidence retention {mean:.3f} over {len(kept)} admitted items is "
+        f"below the floor {floor:.3f} (lowest: "
+        f"{', '.join(f'{item} {value:.2f}' for item, value in lowest)})",))
+
+
 def _violation_reason(label: str, violations: int, judged: int, max_rate: float
                       ) -> str | None:
     rate = violation_rate(violations, judged - violations)
@@ -105,10 +152,12 @@ def gate_verdict(
     max_regression: float | None = None,
     baseline: Path | None = None,
     regression_test: str = NONINFERIORITY,
+    min_retention: float | None = None,
 ) -> GateVerdict:
     """One gate item's verdict over one strategy@budget, pooled over tasks.
 
-    ``spec.kind`` is "violation-rate" or "regression" (judged by ``regression_test``, see
+    ``spec.kind`` is "violation-rate", "retention-floor" (mean evidence retention at least
+    ``min_retention``) or "regression" (judged by ``regression_test``, see
     :func:`judge_change`). A gate that has nothing to judge
     (every cell errored, or none ran) fails and says so: a gate that passes on no data
     guards nothing.
@@ -133,6 +182,9 @@ def gate_verdict(
                                              "is no violation rate to judge",))
         reason = _violation_reason(label, violations, judged, max_rate)
         return replace(counted, reasons=(reason,) if reason else ())
+    if spec.kind == RETENTION_GATE:
+        assert min_retention is not None
+        return _retention_verdict(report, counted, min_retention, n_error)
     assert baseline is not None and max_regression is not None
     if judged == 0:
         return replace(counted, reasons=(f"{label}: no cell was admitted or over budget "
@@ -184,10 +236,11 @@ def regression_findings(
 ) -> RegressionFindings:
     """Compare each task's strategy@budget with the same cell of a baseline report.json.
 
-    Fails a cell when (a) its mean quality, paired by item_id over items scored in both
-    runs, fails ``regression_test`` with margin ``max_regression`` (:func:`judge_change`),
-    or (b) its violation rate rose (reference strategies, which are allowed to overflow,
-    are exempt from (b)).
+    Fails a cell when (a) its mean quality, or its mean evidence retention, paired by
+    item_id over the items both runs have it for, fails ``regression_test`` with margin
+    ``max_regression`` (:func:`judge_change`): a model-free run is judged on retention
+    alone, a task without evidence on quality alone; or (b) its violation rate rose
+    (reference strategies, which are allowed to overflow, are exempt from (b)).
     """
     found = RegressionFindings()
     try:
@@ -208,28 +261,44 @@ def regression_findings(
             "was admitted or over budget (every one errored, see cells.jsonl), so nothing "
             "was compared")
         return found
+    seed = report.settings.seed
     changes = paired_changes(
-        [(*paired_scores(current[key].quality, baseline[key].quality),
-          cell_rng(report.settings.seed, "regression", *key)) for key in common],
+        [(*paired_scores(getattr(current[key], metric), getattr(baseline[key], metric)),
+          cell_rng(seed, *(("regression",) if metric == "quality" else ("regression", metric)),
+                   *key))
+         for key in common for metric in REGRESSION_METRICS],
         resamples=report.settings.resamples)
-    for key, change in zip(common, changes, strict=True):
+    for index, key in enumerate(common):
         task, strategy, budget = key
         now, before = current[key], baseline[key]
-        label = f"{task}: {strategy}@{budget}"
         reasons = found.reasons.setdefault((strategy, budget), [])
-        if change.n:
+        width = len(REGRESSION_METRICS)
+        for metric, change in zip(REGRESSION_METRICS,
+                                  changes[index * width:(index + 1) * width], strict=True):
+            if not change.n:
+                continue
             found.falls.setdefault((strategy, budget), []).append(
                 (change.delta, change.lo, change.hi))
-            reason, note = judge_change(label, change, max_regression, regression_test)
+            label = f"{task}: {strategy}@{budget}" + (
+                "" if metric == "quality" else f" {REGRESSION_METRICS[metric]}")
+            reason, note = judge_change(label, change, max_regression, regression_test,
+                                        metric=REGRESSION_METRICS[metric])
             reasons.extend([reason] if reason else [])
             found.notes.setdefault((strategy, budget), []).extend([note] if note else [])
+        label = f"{task}: {strategy}@{budget}"
         if not now.reference and _rose(now.violation_rate, before.violation_rate):
             reasons.append(f"{label}: violation rate rose from {_rate(before)} to {_rate(now)}")
     return found
 
 
-def judge_change(label: str, change: PairedChange, margin: float, test: str
-                 ) -> tuple[str | None, str | None]:
+REGRESSION_METRICS = {"quality": "quality", "retention": "evidence retention"}
+"""What a regression gate compares item by item (a CellRecord's field: its name in
+messages), where both runs have it: a model-free run has no quality, a task without
+evidence no retention."""
+
+
+def judge_change(label: str, change: PairedChange, margin: float, test: str,
+                 metric: str = "quality") -> tuple[str | None, str | None]:
     """(failure, warning) of one paired quality change B-A under ``test`` with ``margin``
     D; each line names the test and gives the change, interval, n, margin and MDE.
 
@@ -243,7 +312,7 @@ def judge_change(label: str, change: PairedChange, margin: float, test: str
     numbers = _change_numbers(change, margin)
     if test == HARM:
         if quality_regressed(change.delta, change.hi, margin):
-            return (f"{label}: {REGRESSION_TESTS[HARM]} test failed: quality fell by "
+            return (f"{label}: {REGRESSION_TESTS[HARM]} test failed: {metric} fell by "
                     f"{-change.delta:.3f}, more than the allowed {margin:.3f}, with its "
                     f"interval below zero ({numbers})", None)
         if not change.mde <= margin:

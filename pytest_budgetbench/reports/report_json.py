@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +41,8 @@ def records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per cell, its items' ids, mean quality (null unless admitted and scored) and status."""
+    """Per cell, its items' ids, mean quality (null unless admitted and scored), evidence
+    retention (null unless admitted and declaring evidence) and status."""
     cells = []
     for key, group in items.groupby(list(CELL), sort=True, observed=True):
         task, strategy, budget = key_values(key)
@@ -53,6 +54,7 @@ def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
                 "reference": bool(group["reference"].any()),
                 "item_id": [str(i) for i in group["item_id"]],
                 "quality": [_clean(q) for q in group["quality"]],
+                "evidence_retention": [_clean(r) for r in group["evidence_retention"]],
                 "status": [str(s) for s in group["status"]],
             }
         )
@@ -131,6 +133,9 @@ class CellRecord:
     n_ok: int
     n_violation: int
     reference: bool
+    retention: dict[str, float] = field(default_factory=dict)
+    """item_id -> mean evidence retention, admitted items that declare evidence only (empty
+    for a report written before retention was recorded)."""
 
     @property
     def violation_rate(self) -> float:
@@ -167,6 +172,14 @@ def cell_records(document: Mapping[str, Any]) -> dict[tuple[str, str, int], Cell
                                        strict=True)
             if q is not None and status == ADMITTED
         }
+        retention = {
+            str(item): float(r)
+            for item, r, status in zip(cell["item_id"],
+                                       cell.get("evidence_retention") or [None] * len(
+                                           cell["item_id"]),
+                                       cell["status"], strict=True)
+            if r is not None and status == ADMITTED
+        }
         summary = counts.get(key, {})
         n_violation = summary.get("n_violation")
         if n_violation is None:
@@ -174,5 +187,6 @@ def cell_records(document: Mapping[str, Any]) -> dict[tuple[str, str, int], Cell
         n_ok = summary.get("n_ok")
         if n_ok is None:
             n_ok = sum(1 for s in cell["status"] if s == ADMITTED)
-        cells[key] = CellRecord(quality, int(n_ok), int(n_violation), bool(cell["reference"]))
+        cells[key] = CellRecord(quality, int(n_ok), int(n_violation), bool(cell["reference"]),
+                                retention)
     return cells

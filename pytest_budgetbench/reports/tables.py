@@ -93,8 +93,12 @@ class Reference:
 
 
 def admitted_counts(task_items: pd.DataFrame) -> dict[tuple[str, int], int]:
-    """Items admitted and scored per (strategy, budget): what a reference can pair on."""
-    scored = task_items.loc[(task_items["status"] == ADMITTED) & task_items["quality"].notna()]
+    """Items admitted and scored per (strategy, budget): what a reference can pair on. In a
+    task nothing scored (a model-free sweep's), items admitted: retention pairs on them."""
+    admitted = task_items["status"] == ADMITTED
+    scored = task_items.loc[admitted & task_items["quality"].notna()]
+    if scored.empty:
+        scored = task_items.loc[admitted]
     counts = scored.groupby(["strategy", "budget"], observed=True).size()
     return {(str(strategy), int(budget)): int(n)
             for (strategy, budget), n in zip(counts.index.tolist(), counts.tolist(), strict=True)}

@@ -248,8 +248,10 @@ def reference_notes(rows: list[dict[str, Any]]) -> list[str]:
             continue
         default = (strategy, max(int(r["budget"]) for r in mine if r["strategy"] == strategy))
         admitted: dict[tuple[str, int], int] = defaultdict(int)
+        # As tables.admitted_counts: scored items, or admitted ones where none is scored.
+        scored = any(r.get("quality") is not None for r in mine)
         for r in mine:
-            if r["status"] == Status.OK and r.get("quality") is not None:
+            if r["status"] == Status.OK and (r.get("quality") is not None or not scored):
                 admitted[(r["strategy"], int(r["budget"]))] += 1
         chosen = pairing_reference(default, admitted)
         label = f"{default[0]}@{default[1]}"

@@ -4,13 +4,14 @@ violation rate, the regression rules)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 # -- gates: a verdict over every cell of one strategy@budget ---------------------------
 VIOLATION_GATE = "violation-rate"
 REGRESSION_GATE = "regression"
+RETENTION_GATE = "retention-floor"
 RATE_EPS = 1e-12
 """Rates are ratios of counts; a difference smaller than this is float noise, not a change."""
 
@@ -74,6 +75,8 @@ class GateVerdict:
     """The regression gate's largest fall of paired quality over the tasks (None: none)."""
     interval: tuple[float, float] | None = None
     """The 95% interval of ``delta``."""
+    retention: float | None = None
+    """The retention floor gate's mean evidence retention (None: nothing to average)."""
     notes: tuple[str, ...] = ()
     """Warnings of a gate that passed (a harm-shown gate too small to detect its margin)."""
     passed: bool = field(init=False)
@@ -92,7 +95,7 @@ class GateVerdict:
                 "budget": self.spec.budget, "passed": self.passed, "reasons": list(self.reasons),
                 "rate": self.rate, "n_violation": self.n_violation, "n_judged": self.n_judged,
                 "delta": self.delta, "interval": list(self.interval) if self.interval else None,
-                "notes": list(self.notes)}
+                "retention": self.retention, "notes": list(self.notes)}
 
     @classmethod
     def from_public(cls, data: Mapping[str, Any]) -> GateVerdict:
@@ -101,14 +104,16 @@ class GateVerdict:
                    tuple(data.get("reasons") or ()), data.get("rate"), data.get("n_violation"),
                    data.get("n_judged"), data.get("delta"),
                    (interval[0], interval[1]) if interval else None,
-                   tuple(data.get("notes") or ()))
+                   data.get("retention"), tuple(data.get("notes") or ()))
 
 
 def gate_specs(
-    strategies: dict[str, bool], budgets: tuple[int, ...], *, violation: bool, regression: bool
+    strategies: dict[str, bool], budgets: tuple[int, ...], *, violation: bool, regression: bool,
+    retention_floor: Callable[[str, int, bool], float | None] | None = None,
 ) -> list[GateSpec]:
     """The gates a sweep asked for. ``strategies`` maps each strategy's name to whether it
-    is a reference (references may overflow, so no violation-rate gate judges them)."""
+    is a reference (references may overflow, so no violation-rate gate judges them);
+    ``retention_floor`` gives a strategy@budget's floor, None where it has none."""
     specs = []
     for budget in budgets:
         for name, reference in strategies.items():
@@ -116,4 +121,7 @@ def gate_specs(
                 specs.append(GateSpec(VIOLATION_GATE, name, budget))
             if regression:
                 specs.append(GateSpec(REGRESSION_GATE, name, budget))
+            if retention_floor is not None and retention_floor(name, budget, reference) \
+                    is not None:
+                specs.append(GateSpec(RETENTION_GATE, name, budget))
     return specs

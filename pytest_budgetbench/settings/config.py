@@ -148,6 +148,45 @@ def resolve_shard(
     return value, origin
 
 
+MODEL_FREE = "none"
+"""``--budgetbench-model=none``: a model-free sweep. Every prompt is built, counted and held
+to its budget, and its evidence retention recorded; nothing is sent and no server starts."""
+
+
+def parse_retention_floors(raw: str) -> dict[str, float]:
+    """``R`` (every non-reference strategy@budget) and/or ``STRATEGY@BUDGET=R`` entries,
+    comma-separated -> {"": R, "truncation@2048": R, ...}; "" is the floor for the rest."""
+    from pytest_budgetbench.options import rate
+
+    floors: dict[str, float] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        key, eq, value = part.rpartition("=")
+        strategy, at, budget = key.partition("@")
+        well_formed = bool(part) and (not eq or (bool(strategy.strip()) and bool(at)
+                                                 and is_count(budget.strip())))
+        try:
+            floor = rate(value) if well_formed else None
+        except ValueError:
+            floor = None
+        if floor is None:
+            raise ConfigError(
+                "--budgetbench-min-retention must be a floor R between 0 and 1 for every "
+                "non-reference strategy@budget, and/or STRATEGY@BUDGET=R entries, "
+                "comma-separated, e.g. --budgetbench-min-retention=0.9,truncation@2048=0.5 "
+                f"(got {part!r} in {raw!r})")
+        floors[f"{strategy.strip()}@{int(budget)}" if eq else ""] = floor
+    return floors
+
+
+def retention_floor(floors: Mapping[str, float], strategy: str, budget: int,
+                    reference: bool) -> float | None:
+    """The floor of ``strategy@budget`` among ``floors`` (:func:`parse_retention_floors`),
+    None for no retention gate: its own entry, else the floor of every non-reference
+    strategy@budget (a reference, e.g. full_context, has a floor only when named)."""
+    own = floors.get(f"{strategy}@{budget}")
+    return own if own is not None or reference else floors.get("")
+
+
 def parse_tokenizer(raw: str) -> str:
     if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
         if raw in ("hf:", "gguf:"):
@@ -224,11 +263,17 @@ class Settings:
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
+    episodes: Literal["free-running", "teacher-forced"] = "free-running"
+    """How agent episodes run (engine.episode): the model's own trajectory, or the
+    reference's, one scored step at a time."""
     tool_parser: Literal["auto", "hermes", "none"] = "auto"
     structured_output: Literal["auto", "json_schema", "json_object", "off"] = "auto"
     out: str = "reports"
     audit: Literal["full", "hash", "off"] = "full"
     max_violation_rate: float | None = None
+    min_retention: dict[str, float] | None = None
+    """Retention floors (:func:`parse_retention_floors`): "" for every non-reference
+    strategy@budget, ``strategy@budget`` for one."""
     timeout: float = 300.0
     strategy_timeout: float = 600.0
     retries: int = 3
@@ -282,6 +327,15 @@ class Settings:
     @property
     def active(self) -> bool:
         return bool(self.budgets)
+
+    @property
+    def model_free(self) -> bool:
+        """``--budgetbench-model=none``: prompts are counted and checked, never sent."""
+        return self.model == MODEL_FREE
+
+    def retention_floor(self, strategy: str, budget: int, reference: bool) -> float | None:
+        """The retention floor of ``strategy@budget`` (:func:`retention_floor`)."""
+        return retention_floor(self.min_retention or {}, strategy, budget, reference)
 
     @property
     def parallel_cells(self) -> int:
@@ -383,7 +437,10 @@ OPTIONS: tuple[Option, ...] = (
           "out); default: the embedded llama.cpp server",
           endpoint_urls, env="BUDGETBENCH_ENDPOINT", metavar="URL[,URL...]",
           ini_type="args"),
-    _core("model", "model id to request from the endpoint", str, env="BUDGETBENCH_MODEL"),
+    _core("model", "model id to request from the endpoint (or an embedded model); none: a "
+          "model-free sweep that builds, counts and checks every prompt and records its "
+          "evidence retention, sending nothing and starting no server",
+          str, env="BUDGETBENCH_MODEL"),
     _core("vision", "the endpoint accepts image content parts: on | off (image tasks are "
           "skipped when off; the embedded SmolLM2 is text-only)", _choices_of("vision")),
     _core("max_tokens", "max output tokens per answer", positive_int),
@@ -392,6 +449,10 @@ OPTIONS: tuple[Option, ...] = (
     _core("max_calls", "model calls an agent episode may make before the runner ends it "
           "(a runaway agent); the row says it ended at the cap", positive_int),
     _core("temperature", "sampling temperature", non_negative),
+    _core("episodes", "how agent episodes run: free-running (the model's replies drive "
+          "them, graded as a whole) | teacher-forced (at each step of the task's reference "
+          "trajectory the model predicts the next action, scored against the reference, "
+          "and the reference action and its real result follow)", _choices_of("episodes")),
     _core("api_key_env", "name of the environment variable holding the API key", str,
           metavar="VAR"),
     _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
@@ -406,6 +467,9 @@ OPTIONS: tuple[Option, ...] = (
     _core("audit", "store post-strategy prompts: full | hash | off", _choices_of("audit")),
     _core("max_violation_rate", "fail the session when a non-reference strategy's "
           "violation rate exceeds R", rate, metavar="R"),
+    _core("min_retention", "fail the session when a non-reference strategy@budget's mean "
+          "evidence retention (admitted prompts) is below R; STRATEGY@BUDGET=R sets one "
+          "cell's floor", parse_retention_floors, metavar="R|STRATEGY@BUDGET=R,..."),
     _core("timeout", "seconds per model request", seconds),
     _core("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
           "cell, its auxiliary calls included; a strategy over it errors that cell and "
@@ -543,12 +607,32 @@ def load_settings(
         )
     check_margin(settings.regression_test, settings.max_regression,
                  "--budgetbench-max-regression", "--budgetbench-regression-test")
+    if settings.model_free:
+        check_model_free(settings)
     if settings.judge_endpoint and not settings.judge_model:
         raise ConfigError(
             "--budgetbench-judge-endpoint needs --budgetbench-judge-model=NAME "
             f"(endpoint given: {settings.judge_endpoint})"
         )
     return settings
+
+
+def check_model_free(settings: Settings) -> None:
+    """A model-free sweep sends nothing and starts no server: an endpoint to send to, or a
+    counter that asks a server, contradicts it."""
+    from pytest_budgetbench.redact import redact_url
+
+    if settings.endpoint:
+        raise ConfigError(
+            f"--budgetbench-model={MODEL_FREE} sends nothing, but --budgetbench-endpoint="
+            f"{redact_url(settings.endpoint)} is given (or BUDGETBENCH_ENDPOINT): drop the "
+            "endpoint, and count with your model's tokenizer, --budgetbench-tokenizer="
+            "hf:DIR or gguf:FILE")
+    if settings.tokenizer == "server":
+        raise ConfigError(
+            f"--budgetbench-model={MODEL_FREE} starts no server, so --budgetbench-tokenizer="
+            "server has none to ask: count with gguf:FILE or hf:DIR (exact), auto (the "
+            "embedded model's GGUF) or approx")
 
 
 def _shard_origin(get_option: Callable[[str], Any], get_ini: Callable[[str], Any]) -> str:

@@ -12,11 +12,14 @@ from pytest_budgetbench.tasks.base import (
     EpisodicTask,
     Grade,
     Item,
+    ReferenceStep,
+    StepScore,
     Task,
     TaskOptions,
 )
 
-__all__ = ["REGISTRY", "Environment", "EpisodicTask", "Grade", "Item", "Task", "TaskOptions",
+__all__ = ["REGISTRY", "Environment", "EpisodicTask", "Grade", "Item", "ReferenceStep",
+           "StepScore", "Task", "TaskOptions",
            "resolve_task", "sweep_tasks"]
 
 REGISTRY: Registry[Task] = Registry(

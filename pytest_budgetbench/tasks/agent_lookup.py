@@ -32,7 +32,10 @@ from pytest_budgetbench.tasks.base import (
     EpisodicTask,
     Grade,
     Item,
+    ReferenceStep,
+    StepScore,
     Task,
+    same_calls_step,
 )
 from pytest_budgetbench.tasks.needle import filler_sentence
 
@@ -119,6 +122,26 @@ class AgentLookupTask(EpisodicTask):
 
     def environment(self, item: Item) -> Environment:
         return LookupEnvironment(item)
+
+    def reference_steps(self, item: Item) -> list[ReferenceStep]:
+        """The scripted policy: each key looked up in the order asked, one call a step,
+        then the first record's code as the answer."""
+        keys: list[str] = item.meta["keys"]
+        lookups = [ReferenceStep({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"ref-{index}", "type": "function",
+             "function": {"name": "lookup", "arguments": json.dumps({"key": key})}}]})
+            for index, key in enumerate(keys)]
+        return [*lookups, ReferenceStep({"role": "assistant", "content": str(item.answer)})]
+
+    def score_step(self, item: Item, steps: Sequence[ReferenceStep], index: int,
+                   prediction: Message) -> StepScore:
+        """A lookup step as the same call (``same_calls_step``); the answer step as the
+        grader grades a final reply: right when it holds the code and calls nothing."""
+        if tool_calls_of(steps[index].action):
+            return same_calls_step(prediction, steps[index])
+        answered = not tool_calls_of(prediction)
+        exact = answered and self.grade_trajectory(item, [prediction]).quality == 1.0
+        return StepScore(exact, answered, f"{self.grader_version}+same-calls/1")
 
     def grade_trajectory(self, item: Item, trajectory: Sequence[Message]) -> Grade:
         replies = [m for m in trajectory if m.get("role") == "assistant"]

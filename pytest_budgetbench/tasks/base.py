@@ -194,6 +194,58 @@ class Environment(ABC):
         """Release what the episode holds; called once, however the episode ended."""
 
 
+@dataclass(frozen=True)
+class ReferenceStep:
+    """One step of an episode's reference trajectory, for teacher-forced episodes: the
+    assistant message the reference makes there (tool calls, or a text reply). The runner
+    appends it to the trajectory, and the environment answers it, whatever the model
+    predicted; ``scored`` steps are scored against the model's prediction."""
+
+    action: Message
+    scored: bool = True
+
+
+@dataclass(frozen=True)
+class StepScore:
+    """A predicted step against the reference step: ``exact`` by the task's checker (the
+    same action, or for BFCL the same state and results), ``name`` on the functions alone
+    (the same names in the same order; a text reply where the reference replies in text)."""
+
+    exact: bool
+    name: bool
+    checker: str
+    """Which checker scored it (versioned, as a grader id is)."""
+
+
+def call_names(message: Message) -> list[str]:
+    """The names of a message's tool calls, in order."""
+    return [str(call.get("function", {}).get("name", "")) for call in tool_calls_of(message)]
+
+
+def call_arguments(message: Message) -> list[Any]:
+    """Each tool call's arguments, parsed from their JSON (the text itself where it does
+    not parse: such a call matches only a call with the same text)."""
+    import json
+
+    parsed = []
+    for call in tool_calls_of(message):
+        raw = call.get("function", {}).get("arguments")
+        try:
+            parsed.append(json.loads(raw) if isinstance(raw, str) else raw)
+        except ValueError:
+            parsed.append(raw)
+    return parsed
+
+
+def same_calls_step(prediction: Message, reference: ReferenceStep) -> StepScore:
+    """The default step checker: the same function names in order (``name``), and the same
+    arguments too, compared as parsed JSON (``exact``); a text reference is matched by any
+    reply without tool calls."""
+    names = call_names(prediction) == call_names(reference.action)
+    exact = names and call_arguments(prediction) == call_arguments(reference.action)
+    return StepScore(exact, names, "same-calls/1")
+
+
 class EpisodicTask(Task):
     """A task whose items are episodes: the model calls tools across many calls, and the
     grade is of the whole trajectory (the calls it made, the state they left).
@@ -211,6 +263,18 @@ class EpisodicTask(Task):
     def grade_trajectory(self, item: Item, trajectory: Sequence[Message]) -> Grade:
         """Grade a finished (or ended) episode from its trajectory: every message, the
         first ones, the model's replies, the tool results and the later user turns."""
+
+    def reference_steps(self, item: Item) -> Sequence[ReferenceStep] | None:
+        """The item's reference trajectory as the assistant's steps, for teacher-forced
+        episodes (``--budgetbench-episodes=teacher-forced``); None where the task has none
+        (the mode is then refused before any cell)."""
+        return None
+
+    def score_step(self, item: Item, steps: Sequence[ReferenceStep], index: int,
+                   prediction: Message) -> StepScore:
+        """Score the model's ``prediction`` at reference step ``index`` of ``steps`` (the
+        steps before it are the reference's, in the trajectory the model saw)."""
+        return same_calls_step(prediction, steps[index])
 
     def grade(self, item: Item, prediction: str) -> Grade:
         raise TypeError(

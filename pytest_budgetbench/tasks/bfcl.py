@@ -28,6 +28,12 @@ other than the ground truth's is bfcl's ``multi_turn:force_terminated``; otherwi
 and compares states and results turn by turn. Quality is 1 or 0; ``Grade.detail`` has
 bfcl's ``error_type`` and ``error_message``.
 
+Teacher-forced episodes (:meth:`BFCLMultiTurnTask.reference_steps`): the ground truth as
+steps, one tool call each (a ground-truth call's positional arguments named from the backend
+method's signature), and a text reply that ends each turn. A predicted step is scored by
+``multi_turn_checker`` on the teacher-forced prefix that ends with it
+(:meth:`BFCLMultiTurnTask.score_step`).
+
 Evidence (:func:`provenance`): the ground truth's argument values that a user turn or an
 earlier tool result of its replay showed the model before the call.
 
@@ -69,7 +75,15 @@ from typing import Any, ClassVar
 from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
 from pytest_budgetbench.messages import Message, Tool, text_of, tool_calls_of
 from pytest_budgetbench.settings.userdirs import user_cache
-from pytest_budgetbench.tasks.base import Environment, EpisodicTask, Grade, Item
+from pytest_budgetbench.tasks.base import (
+    Environment,
+    EpisodicTask,
+    Grade,
+    Item,
+    ReferenceStep,
+    StepScore,
+    call_names,
+)
 
 BFCL_VERSION = "2026.3.23"
 BFCL_INSTALL = f"pip install --no-deps bfcl-eval=={BFCL_VERSION}"
@@ -86,6 +100,12 @@ REQUIRES = (
 
 REFUSED_CALL = "budgetbench_refused_unsafe_call"
 """The call that stands in for one bfcl must not eval(); eval reports it not defined."""
+
+STEP_CHECKER = f"bfcl-eval multi_turn_checker/{BFCL_VERSION}"
+"""The checker id of teacher-forced step scores (:meth:`BFCLMultiTurnTask.score_step`)."""
+
+END_OF_TURN = "Done."
+"""The text of the reference's reply that ends a turn (a reply without calls ends it)."""
 
 UNDECODED = "Error: the tool calls of this reply could not be decoded, so none was executed."
 """The tool result that answers each call of a step that did not decode."""
@@ -148,6 +168,63 @@ def backend_methods(classes: tuple[str, ...]) -> frozenset[str]:
         names |= {name for name, _ in inspect.getmembers(cls(), predicate=inspect.ismethod)
                   if not name.startswith("_")}
     return frozenset(names)
+
+
+@functools.cache
+def method_parameters(classes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Each backend method's parameter names, in order: what names a ground-truth call's
+    positional arguments (``sort('a.pdf')``), as eval() binds them in bfcl's executor."""
+    import importlib
+    import inspect
+
+    parameters: dict[str, tuple[str, ...]] = {}
+    for class_name in classes:
+        cls = getattr(importlib.import_module(bfcl().class_modules[class_name]), class_name)
+        for name, method in inspect.getmembers(cls(), predicate=inspect.ismethod):
+            if not name.startswith("_"):
+                parameters[name] = tuple(inspect.signature(method).parameters)
+    return parameters
+
+
+def ground_truth_call(text: str, parameters: dict[str, tuple[str, ...]]
+                      ) -> tuple[str, dict[str, Any]]:
+    """A ground-truth call text (``cd(folder='x')``, ``sort('a.pdf')``) as the name and
+    keyword arguments of the tool call a model would make: literal values, positional
+    arguments named by ``parameters`` (:func:`method_parameters`)."""
+    node = ast.parse(text, mode="eval").body
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        raise ValueError(f"not a ground-truth call: {text!r}")
+    name = node.func.id
+    names = parameters.get(name, ())
+    if len(node.args) > len(names):
+        raise ValueError(f"{text!r}: more positional arguments than {name} takes")
+    arguments = {names[i]: ast.literal_eval(arg) for i, arg in enumerate(node.args)}
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            raise ValueError(f"{text!r}: ** arguments are not a ground-truth call's")
+        arguments[keyword.arg] = ast.literal_eval(keyword.value)
+    return name, arguments
+
+
+def reference_layout(truth: list[list[str]]) -> list[tuple[int, int | None]]:
+    """Where each reference step comes from: (turn, index of its call in the turn's ground
+    truth), or (turn, None) for the text reply that ends the turn. One list for
+    :meth:`BFCLMultiTurnTask.reference_steps` and :meth:`~BFCLMultiTurnTask.score_step`,
+    so the two cannot disagree on what step ``index`` is."""
+    return [(turn, j) for turn, calls in enumerate(truth)
+            for j in [*range(len(calls)), None]]
+
+
+def teacher_forced_prefix(truth: list[list[str]], turn: int, index: int,
+                          predicted: list[str]) -> tuple[list[list[list[str]]], list[list[str]]]:
+    """The model result and ground truth that ``multi_turn_checker`` judges a predicted
+    step by: the earlier turns' ground truth (a turn as one step; no step for an empty
+    turn), then this turn's ground-truth calls before the step (one step, if any) and the
+    predicted calls (one step); against the ground truth up to and including the step."""
+    model: list[list[list[str]]] = [[calls] if calls else [] for calls in truth[:turn]]
+    before = truth[turn][:index]
+    model.append([before, predicted] if before else [predicted])
+    return model, [*truth[:turn], truth[turn][:index + 1]]
 
 
 def decode_step(message: Message, methods: frozenset[str]) -> list[str] | None:
@@ -368,6 +445,71 @@ class BFCLMultiTurnTask(EpisodicTask):
             return Grade(1.0, extracted, self.grader_id, {})
         return self._invalid(extracted, str(result.get("error_type")),
                              str(result.get("error_message")))
+
+    def reference_steps(self, item: Item) -> Sequence[ReferenceStep]:
+        """The ground truth as steps (:func:`reference_layout`): each call alone in a step,
+        as one OpenAI tool call whose JSON arguments bfcl's decoder turns back into the
+        same call; then a text reply, unscored, that ends the turn (the environment answers
+        it with the next turn, bfcl's held-out-function message included). A turn with no
+        ground truth (a ``miss_func`` or ``miss_param`` turn) is that reply alone."""
+        truth: list[list[str]] = item.answer
+        parameters = method_parameters(tuple(item.meta["entry"]["involved_classes"]))
+        steps: list[ReferenceStep] = []
+        for turn, index in reference_layout(truth):
+            if index is None:
+                steps.append(ReferenceStep({"role": "assistant", "content": END_OF_TURN},
+                                           scored=False))
+                continue
+            name, arguments = ground_truth_call(truth[turn][index], parameters)
+            steps.append(ReferenceStep({"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"ref-{turn}-{index}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(arguments)}}]}))
+        return steps
+
+    def score_step(self, item: Item, steps: Sequence[ReferenceStep], index: int,
+                   prediction: Message) -> StepScore:
+        """Score a predicted step with bfcl-eval's own checker.
+
+        *exact*: ``multi_turn_checker`` accepts the teacher-forced prefix that ends with the
+        prediction (:func:`teacher_forced_prefix`): the calls the reference made before the
+        step and the prediction's calls, decoded as at grading (:func:`decode_step`), against
+        the ground truth up to and including the step. That is the criterion bfcl grades a
+        whole entry by (the backends' states after both, and the ground truth's execution
+        results among the model's), applied to the prefix; so a call that differs from the
+        reference's text but leaves the same state and results (an equivalent argument
+        spelling, or a result the model already got earlier) counts as right, as it would
+        in bfcl. A prediction that does not decode or makes no call is not exact.
+
+        *name*: the prediction's tool-call names are the reference step's. A text
+        reference (never scored by the runner) is matched, both ways, by a reply without
+        tool calls."""
+        reference = steps[index].action
+        if not tool_calls_of(reference):
+            silent = not tool_calls_of(prediction)
+            return StepScore(silent, silent, STEP_CHECKER)
+        names = call_names(prediction) == call_names(reference)
+        return StepScore(self._prefix_accepted(item, len(steps), index, prediction), names,
+                         STEP_CHECKER)
+
+    def _prefix_accepted(self, item: Item, count: int, index: int, prediction: Message) -> bool:
+        """Whether ``multi_turn_checker`` accepts the prediction at step ``index``."""
+        entry: dict[str, Any] = item.meta["entry"]
+        truth: list[list[str]] = item.answer
+        layout = reference_layout(truth)
+        turn, position = layout[index]
+        if count != len(layout) or position is None:
+            raise ValueError(f"{item.item_id}: the steps are not this item's reference steps")
+        decoded = decode_step(prediction, backend_methods(tuple(entry["involved_classes"])))
+        if decoded is None:
+            return False
+        model_result, truth_prefix = teacher_forced_prefix(truth, turn, position, decoded)
+        model = fresh_model_name()
+        try:
+            result = bfcl().checker(model_result, truth_prefix, copy.deepcopy(entry),
+                                    entry["id"].rsplit("_", 1)[0], model)
+        finally:
+            forget(model)
+        return bool(result["valid"])
 
     def _invalid(self, extracted: str, error_type: str, message: str) -> Grade:
         return Grade(0.0, extracted, self.grader_id,

@@ -33,7 +33,14 @@ from typing import Any, Protocol
 
 from pytest_budgetbench.canonical import json_sha256
 from pytest_budgetbench.errors import RequestTimeout, TokenizerError
-from pytest_budgetbench.messages import Message, Tool, as_sent, text_of, tool_calls_of
+from pytest_budgetbench.messages import (
+    Message,
+    Tool,
+    arguments_as_objects,
+    as_sent,
+    text_of,
+    tool_calls_of,
+)
 from pytest_budgetbench.model.deadline import DeadlineClients
 from pytest_budgetbench.model.digests import file_digest
 from pytest_budgetbench.tokens.framing import NOT_VERIFIED, Additivity, verify_additivity
@@ -483,9 +490,13 @@ class GGUFCounter(TokenCounter):
 
     exact = True
 
-    def __init__(self, model_path: str | Path, chat_template: str | None = None) -> None:
+    def __init__(self, model_path: str | Path, chat_template: str | None = None, *,
+                 object_arguments: bool = False) -> None:
         """``chat_template`` renders instead of the GGUF's own (as a server started with
-        its own ``--chat-template`` would)."""
+        its own ``--chat-template`` would). ``object_arguments``: tool calls' arguments reach
+        the template as objects, as the embedded server (and vLLM) hands them
+        (:func:`~pytest_budgetbench.messages.arguments_as_objects`); else as the JSON text
+        llama-cpp-python's own server hands it."""
         super().__init__()
         from pytest_budgetbench.errors import require
 
@@ -508,7 +519,9 @@ class GGUFCounter(TokenCounter):
         template = chat_template or self._llama.metadata.get("tokenizer.chat_template")
         if not template:
             raise TokenizerError(f"{path.name} has no tokenizer.chat_template in its metadata")
-        self._identity = (str(path.resolve()), template)
+        self._identity = (str(path.resolve()), template,
+                          *(("object-arguments",) if object_arguments else ()))
+        self._object_arguments = object_arguments
         self._path = path.resolve()  # hashed on first use, wherever the cwd is by then
         self._space: str | None = None
         self._last_ids: tuple[str, list[int]] | None = None
@@ -529,6 +542,8 @@ class GGUFCounter(TokenCounter):
         """The prompt as llama-cpp-python's server renders it (:func:`served_by_llama_cpp`),
         and whether the template added the special tokens itself."""
         sent, sent_tools = served_by_llama_cpp(messages, tools)
+        if self._object_arguments:
+            sent = arguments_as_objects(sent)
         result = self._formatter(messages=sent, tools=sent_tools)  # type: ignore[arg-type]
         return result.prompt, bool(result.added_special)
 
@@ -567,7 +582,7 @@ class GGUFCounter(TokenCounter):
         place is a new space). Made on first use; the file is read once per machine
         (:func:`~pytest_budgetbench.model.digests.file_digest`)."""
         if self._space is None:
-            blob = json.dumps([file_digest(self._path), self._identity[1]])
+            blob = json.dumps([file_digest(self._path), *self._identity[1:]])
             self._space = "gguf:" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:32]
         return self._space
 
