@@ -253,3 +253,35 @@ def test_a_strategy_that_calls_the_auxiliary_model_undeclared_errors_its_cell(
            in asked[0]["error"]
     assert {r["status"] for r in rows if r["strategy"] == "full_context"} == {"ok"}
     assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_a_strategy_that_needs_a_model_runs_with_the_auxiliary_model_named(
+    pytester: pytest.Pytester, tmp_path: Path, fake_endpoint: FakeOpenAI
+) -> None:
+    """summary_buffer summarises with the model named aux; the cell's own prompt is still
+    not sent: every request the endpoint saw is the strategy's."""
+    result = pytester.runpytest(*model_free_args(
+        tmp_path, "--budgets=1024", "--budgetbench-tokenizer=approx", "--budgetbench-items=2",
+        "--budgetbench-strategies=summary_buffer",
+        f"--budgetbench-aux-models=aux={fake_endpoint.base_url}"))
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    rows = rows_of(tmp_path)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert all(r["aux_calls"] and r["quality"] is None for r in rows)
+    sent = sum(len(r["aux_calls"]) for r in rows)
+    assert sent == len(fake_endpoint.requests) > 0  # the auxiliary calls, nothing else
+
+
+def test_the_terminal_summary_reads_model_free_rows_without_the_report(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """Without the report (off, or its extra missing) the summary comes from the rows, whose
+    model fields are empty where nothing was sent."""
+    result = pytester.runpytest(*model_free_args(
+        tmp_path, "--budgets=2048,8192", "--budgetbench-tokenizer=approx",
+        "--budgetbench-report=off", "--budgetbench-strategies=full_context,truncation"))
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    line = next(line for line in result.stdout.lines
+                if line.split()[:2] == ["truncation", "2048"])
+    kept = retention_by_cell(rows_of(tmp_path))[("truncation", 2048)]
+    assert line.split()[-1] == f"{kept:.3f}" and line.split()[-3] == "-"  # retention; model s

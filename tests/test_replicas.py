@@ -135,8 +135,39 @@ def test_no_replica_takes_more_than_its_bound_a_request_waits_for_a_free_one() -
 def test_ties_go_round_and_a_worker_starts_at_its_own_replica() -> None:
     replicas = [Replica(name) for name in "abc"]
     pool = pool_of(*replicas, first=5)  # gw5 of an xdist run: 5 % 3 is c
-    answers = [pool.complete(QUESTION, max_tokens=4).text for _ in range(4)]
+    unrelated = [[{"role": "user", "content": f"Question {n}?"}] for n in range(4)]
+    answers = [pool.complete(prompt, max_tokens=4).text for prompt in unrelated]
     assert answers == ["c", "a", "b", "c"]
+
+
+def test_an_episodes_calls_stay_at_the_replica_that_holds_their_start() -> None:
+    """Each call of an episode repeats the previous one's prompt and adds to it: it goes
+    where that prompt went (the server holds it), while another episode, unrelated, goes
+    round to the other replica."""
+    a, b = Replica("a"), Replica("b")
+    pool = pool_of(a, b)
+    first = [{"role": "user", "content": "Look up R1."}]
+    other = [{"role": "user", "content": "Look up R7."}]
+    assert pool.complete(first, max_tokens=4).text == "a"
+    assert pool.complete(other, max_tokens=4).text == "b"  # in turn: nothing shared
+    call = {"role": "assistant", "content": "lookup R1"}
+    for step in range(3):
+        first = [*first, call, {"role": "user", "content": f"result {step}"}]
+        other = [*other, call, {"role": "user", "content": f"result {step}"}]
+        assert pool.complete(first, max_tokens=4).text == "a"
+        assert pool.complete(other, max_tokens=4).text == "b"
+
+
+def test_a_free_replica_wins_over_a_busy_one_that_holds_the_start() -> None:
+    a, b = Replica("a", hold=True), Replica("b")
+    pool = pool_of(a, b)
+    prompt = [{"role": "user", "content": "Look up R1."}]
+    held = Request(pool)
+    gate = a.next_request()
+    assert pool.complete([*prompt, {"role": "assistant", "content": "x"}],
+                         max_tokens=4).text == "b"  # a holds its start but is busy
+    gate.set()
+    assert held.answer().text == "a"
 
 
 # -- failover -------------------------------------------------------------------------------

@@ -45,8 +45,15 @@ def test_each_reference_step_is_predicted_scored_and_followed_by_the_reference(
     """The scripted agent predicts every step right when it sees the whole reference; with
     old tool results masked at a small budget it loses the answer step (the code), not the
     lookups (the request still says which comes next)."""
-    pytester.runpytest(*lookup_args(agent, tmp_path, "--budgets=8192,700", FORCED,
-                                    "--budgetbench-strategies=full_context,observation_masking"))
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192,700", FORCED,
+        "--budgetbench-strategies=full_context,observation_masking"))
+    header = next(line for line in result.stdout.lines if "name acc." in line)
+    masked_line = next(line for line in result.stdout.lines
+                       if line.split()[:2] == ["observation_masking", "700"])
+    # quality is the exact step accuracy, name acc. the name-only one; then retention.
+    column = header.split().index("quality")
+    assert masked_line.split()[column] == "0.800" and masked_line.split()[-2:][0] == "1.000"
     rows = {(r["item_id"], r["strategy"], r["budget"]): r for r in rows_of(tmp_path)}
     full = rows[("0000", "full_context", 8192)]
     assert (full["status"], full["episode_mode"], full["steps"], full["steps_exact"],
@@ -65,6 +72,19 @@ def test_each_reference_step_is_predicted_scored_and_followed_by_the_reference(
     # The trajectory is the reference's: its calls carry the reference's ids.
     reference_ids = [call["id"] for m in episode["trajectory"] for call in tool_calls_of(m)]
     assert reference_ids == ["ref-0", "ref-1", "ref-2", "ref-3"]
+    # The viewer shows each step's scores and the model's prediction beside the reference.
+    from pytest_budgetbench.reports.viewer import Side, viewer_data
+    from tests.test_reports_viewer import cells_of
+
+    (cells_file,) = (tmp_path / "out").glob("*/cells.jsonl")
+    cells = cells_of(rows_of(tmp_path))
+    items = viewer_data([Side("", [cells_file.parent])], cells)["items"]
+    column = next(i for i, cell in enumerate(cells)
+                  if (cell.strategy, cell.budget) == ("observation_masking", 700))
+    item = next(item for item in items if item["key"].endswith("0000"))
+    last = next(row for row in item["rows"] if row["c"] == column)["ep"]["calls"][-1]
+    assert (last["sp"], last["sx"], last["sn"]) == (5, False, True)
+    assert item["msgs"][last["pr"]][:2] == ["assistant", "unknown"]
 
 
 def test_a_wrong_prediction_does_not_change_the_trajectory_that_follows(

@@ -6,11 +6,15 @@ A team that serves one model on several vLLM or llama.cpp servers gives every UR
 :class:`~pytest_budgetbench.model.chat.ChatModel` per URL:
 
 - A request goes to the usable replica with the fewest requests in flight from this
-  process (ties in turn), never past ``per_replica`` requests at one replica
+  process, never past ``per_replica`` requests at one replica
   (``--budgetbench-concurrency``, one by default). With request slots (a slot directory
   per replica, as :class:`~pytest_budgetbench.model.chat.RequestSlots` keeps them) the bound
   holds across xdist workers too; the in-flight counts that choose a replica are this
-  process's own.
+  process's own. Among those as free, it goes where this process last sent the longest
+  start of its messages (ties in turn): a server reuses the prompt it holds from its
+  start (llama.cpp keeps its last one), so an agent episode's calls, each the previous
+  one's prompt and more, and an item's cells, which share its first messages, stay on one
+  replica instead of starting cold on another.
 - A replica whose request fails after its retries for a reason of the server's
   (:class:`~pytest_budgetbench.errors.EndpointUnavailable`: refused or dropped
   connections, timeouts, 429s, 5xx) is taken out for a cool-down, doubled for each failure
@@ -37,6 +41,8 @@ Each replica taken out, and each one back, is told to ``on_event`` (the run keep
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +79,8 @@ class Replica:
     """When it may take requests again (the pool's clock); 0 while it is in."""
     failures: int = 0
     """Failures in a row, each ending a request's retries; 0 after a success."""
+    last_prompt: tuple[str, ...] = ()
+    """The messages this process last sent it, each by its digest (what it may hold)."""
 
     @property
     def label(self) -> str:
@@ -134,10 +142,11 @@ class ReplicaPool:
                  tools: Sequence[Tool] | None = None,
                  response_format: Mapping[str, Any] | None = None) -> Completion:
         request = {"max_tokens": max_tokens, "tools": tools, "response_format": response_format}
+        prompt = message_digests(messages, tools)
         tried: set[int] = set()
         malformed: list[tuple[Replica, MalformedReply]] = []
         while True:
-            replica, slot = self._acquire(tried)
+            replica, slot = self._acquire(tried, prompt)
             outcome = self._ask(replica, slot, messages, request)
             if isinstance(outcome, Completion):
                 self._back_in(replica)
@@ -180,23 +189,26 @@ class ReplicaPool:
             f"no replica of model {self.model!r} gave a usable reply to this request ({tried} "
             f"tried; {why}); the last: {last}"))
 
-    def _acquire(self, tried: set[int]) -> tuple[Replica, int | None]:
-        """The replica this request goes to and the slot it holds there, waiting while
-        every candidate is at its bound."""
+    def _acquire(self, tried: set[int], prompt: tuple[str, ...] = ()
+                 ) -> tuple[Replica, int | None]:
+        """The replica this request (``prompt``: its messages' digests) goes to and the
+        slot it holds there, waiting while every candidate is at its bound."""
         with self._changed:
             while True:
-                chosen = self._pick(tried)
+                chosen = self._pick(tried, prompt)
                 if chosen is not None:
                     replica, slot = chosen
                     replica.in_flight += 1
+                    replica.last_prompt = prompt
                     self._turn = (replica.index + 1) % len(self.replicas)
                     return replica, slot
                 # A slot another process frees sends no notice here: look again soon.
                 self._changed.wait(SLOT_POLL_S if self.replicas[0].slots else None)
 
-    def _pick(self, tried: set[int]) -> tuple[Replica, int | None] | None:
+    def _pick(self, tried: set[int], prompt: tuple[str, ...] = ()
+              ) -> tuple[Replica, int | None] | None:
         """The least loaded candidate under its bound, with its slot; None when none is."""
-        for replica in self._candidates(tried):
+        for replica in self._candidates(tried, prompt):
             if replica.in_flight >= self.per_replica:
                 continue
             if replica.slots is None:
@@ -206,17 +218,19 @@ class ReplicaPool:
                 return replica, slot
         return None
 
-    def _candidates(self, tried: set[int]) -> list[Replica]:
+    def _candidates(self, tried: set[int], prompt: tuple[str, ...] = ()) -> list[Replica]:
         """The replicas in while this request has not tried them, fewest in flight first,
-        ties in turn; when none is, the one back first (a last resort, so an outage of
-        every replica errors each request as one endpoint would)."""
+        then the longest start of ``prompt`` last sent there, then in turn; when none is,
+        the one back first (a last resort, so an outage of every replica errors each
+        request as one endpoint would)."""
         now = self._clock()
         untried = [r for r in self.replicas if r.index not in tried]
         usable = [r for r in untried if r.out_until <= now]
         if not usable:
             usable = [min(untried, key=lambda r: r.out_until)]
         count = len(self.replicas)
-        return sorted(usable, key=lambda r: (r.in_flight, (r.index - self._turn) % count))
+        return sorted(usable, key=lambda r: (r.in_flight, -shared_start(r.last_prompt, prompt),
+                                             (r.index - self._turn) % count))
 
     def _release(self, replica: Replica, slot: int | None) -> None:
         if slot is not None and replica.slots is not None:
@@ -256,3 +270,22 @@ class ReplicaPool:
         now = self._clock()
         with self._changed:
             return [r.label for r in self.replicas if r.out_until > now]
+
+
+def message_digests(messages: Sequence[Message], tools: Sequence[Tool] | None = None
+                    ) -> tuple[str, ...]:
+    """A request's tools and messages, each by a digest: what routing compares."""
+    return tuple(hashlib.sha1(json.dumps(part, sort_keys=True, default=str).encode(),
+                              usedforsecurity=False).hexdigest()
+                 for part in (list(tools or ()), *messages))
+
+
+def shared_start(first: Sequence[str], second: Sequence[str]) -> int:
+    """How many leading messages two requests' digests (:func:`message_digests`) share,
+    when their tools are the same (the tools come first in a rendered prompt)."""
+    count = -1
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        count += 1
+    return max(count, 0)

@@ -120,6 +120,7 @@ SUMMARY_VIEW: tuple[Column, ...] = (
     Column("tokens mean / max", pair("tokens_mean", "tokens_max", num(1), integer)),
     col("utilisation", "utilisation_mean", percent),
     col("evidence retention", "evidence_retention_mean", num(3)),
+    col("name-only step accuracy", "name_accuracy_mean", num(3)),
     Column("strategy s p50 / p95", pair("strategy_s_p50", "strategy_s_p95", num(3))),
     Column("model s p50 / p95", pair("model_s_p50", "model_s_p95", num(3))),
     col("output tok", "output_tokens_mean", num(1)),

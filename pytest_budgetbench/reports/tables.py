@@ -219,6 +219,7 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "total_tokens_mean",
     "prefix_reuse_mean",
     "evidence_retention_mean",
+    "name_accuracy_mean",
 )
 
 
@@ -294,6 +295,8 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
     # prompts, as tokens are (a violating prompt is not sent; its row keeps its counts for
     # diagnosis); rows of items without evidence (null) are left out.
     data["evidence_retention"] = rows["evidence_retention"].where(ok)
+    # A teacher-forced episode's name-only step accuracy, beside quality's exact one.
+    data["name_accuracy"] = rows["name_accuracy"].where(ok)
     grouped = data.groupby(keys, sort=True, observed=True)
     table = grouped.agg(
         n_cells=("is_ok", "size"),
@@ -312,6 +315,7 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
         total_tokens_mean=("total_tokens", "mean"),
         prefix_reuse_mean=("prefix_reuse", "mean"),
         evidence_retention_mean=("evidence_retention", "mean"),
+        name_accuracy_mean=("name_accuracy", "mean"),
     )
     for column in ("strategy_s", "model_s", "latency_s"):
         table[f"{column}_p50"] = grouped[column].quantile(0.5)

@@ -50,6 +50,9 @@ class CellStats:
     mean_retention: float | None = None
     """The share of their items' evidence the prompts as sent kept verbatim, over the
     admitted cells whose item declares evidence (as tokens, over admitted prompts)."""
+    mean_name_accuracy: float | None = None
+    """A teacher-forced episode's name-only step accuracy (its quality is the exact one),
+    over the admitted cells; None where no cell is teacher-forced."""
 
     @property
     def violation_rate(self) -> float:
@@ -85,7 +88,8 @@ def report_stats(report: Report, rows: Iterable[Mapping[str, Any]]) -> list[Cell
             median_model_s=_number(cell["model_s_p50"]), token_mismatches=mismatches[key],
             mean_calls=_number(cell["calls_mean"]),
             mean_episode_tokens=_number(cell["total_tokens_mean"]),
-            mean_retention=_number(cell["evidence_retention_mean"])))
+            mean_retention=_number(cell["evidence_retention_mean"]),
+            mean_name_accuracy=_number(cell["name_accuracy_mean"])))
     return sorted(stats, key=lambda s: (s.task, s.strategy, s.budget))
 
 
@@ -108,6 +112,10 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _stats(
     key: tuple[str, str, int], rows: list[Mapping[str, Any]], resamples: int, seed: int
 ) -> CellStats:
@@ -128,15 +136,16 @@ def _stats(
         quality_lo=lo,
         quality_hi=hi,
         mean_tokens=_mean([float(r["counted_tokens"]) for r in admitted]),
-        median_model_s=(
-            statistics.median([float(r["model_s"]) for r in admitted]) if admitted else None
-        ),
+        median_model_s=_median([float(r["model_s"]) for r in admitted
+                                if r.get("model_s") is not None]),  # none: nothing sent
         token_mismatches=sum(r.get("token_count_match") is False for r in admitted),
         mean_calls=_mean([float(r["calls"]) for r in ran if r.get("calls") is not None]),
         mean_episode_tokens=_mean([float(r["total_tokens"]) for r in ran
                                    if r.get("total_tokens") is not None]),
         mean_retention=_mean([float(r["evidence_retention"]) for r in admitted
                               if r.get("evidence_retention") is not None]),
+        mean_name_accuracy=_mean([float(r["name_accuracy"]) for r in admitted
+                                  if r.get("name_accuracy") is not None]),
     )
 
 
@@ -154,13 +163,17 @@ def format_table(stats: list[CellStats]) -> list[str]:
     """The table's lines; agent episodes add their calls and tokens per episode (and
     ``tokens`` is then an episode's largest call, the one the budget bounds). The last
     column, ``retention``, is the mean share of the items' evidence the prompts kept
-    verbatim ("-" where no item declares evidence)."""
+    verbatim ("-" where no item declares evidence). Teacher-forced episodes add ``name
+    acc.``, the name-only step accuracy beside quality's exact one."""
     episodes = any(s.mean_calls is not None for s in stats)
+    forced = any(s.mean_name_accuracy is not None for s in stats)
     header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
               f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
               f"{'errors':>6}")
     if episodes:
         header += f" {'calls':>6} {'tok/episode':>11}"
+    if forced:
+        header += f" {'name acc.':>9}"
     header += f" {'retention':>9}"
     lines = [header, "-" * len(header)]
     for s in stats:
@@ -172,6 +185,8 @@ def format_table(stats: list[CellStats]) -> list[str]:
         )
         if episodes:
             line += f" {_fmt(s.mean_calls, '.1f'):>6} {_fmt(s.mean_episode_tokens, '.0f'):>11}"
+        if forced:
+            line += f" {_fmt(s.mean_name_accuracy, '.3f'):>9}"
         line += f" {_fmt(s.mean_retention, '.3f'):>9}"
         lines.append(line)
     return lines

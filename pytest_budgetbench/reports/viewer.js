@@ -449,7 +449,9 @@
     var summary = "call " + call.k + " · " + fmt(call.t, 0) + " tokens" + (over ? " (over "
       + budget + ")" : "") + " · sent " + call.p.length + " (" + (call.p.length - made.size)
       + " kept, " + made.size + " new) · dropped " + call.d.length
-      + (violated ? " · VIOLATION" : "") + (call.ca ? " · cached" : "");
+      + (violated ? " · VIOLATION" : "") + (call.ca ? " · cached" : "")
+      + (call.sx !== undefined ? " · step " + call.sp + ": " + (call.sx ? "✓ exact" : "✗ exact")
+         + ", " + (call.sn ? "✓ name" : "✗ name") : "");
     details.appendChild(el("summary", violated || over ? "bb-violation" : null, summary));
     details.appendChild(el("p", "note", [
       call.st !== undefined ? "server " + call.st : "", call.o !== undefined ? "out " + call.o : "",
@@ -460,6 +462,9 @@
     call.p.forEach(function (i, at) {
       details.appendChild(message(item, item.msgs[i], made.has(at) ? "new" : "kept"));
     });
+    if (call.pr !== undefined) {  // teacher-forced: the model's prediction at this step
+      details.appendChild(message(item, item.msgs[call.pr], "predicted"));
+    }
     if (call.d.length) {
       var dropped = el("details", "bb-dropped");
       dropped.appendChild(el("summary", null, call.d.length + " dropped from the trajectory"));

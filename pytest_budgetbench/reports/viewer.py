@@ -273,7 +273,8 @@ def _episode(record: EpisodeRecord | None, messages: _Messages) -> dict[str, Any
                     "d": msgs indices of trajectory messages it dropped (before "seen"),
                     "seen", and the call's fields by their short keys (records.episodes'
                     CALL_PAGE_KEYS: "t" counted tokens, "st", "o", "ms", "ca", "nt",
-                    "et", "ek" evidence shown and kept)}],
+                    "et", "ek" evidence shown and kept; teacher-forced: "sp" the reference
+                    step, "sx" / "sn" exact / name-right, "pr" msgs index of the prediction)}],
          "callsn": the episode's calls when more than MAX_EPISODE_CALLS}
 
     None when there is no record (a record without a trajectory and calls is none)."""
@@ -316,6 +317,8 @@ def _episode_call(call: CallRecord, positions: list[int], messages: _Messages
         value = getattr(call, name)
         if value is not None:
             entry[key] = value
+    if call.predicted is not None:  # teacher-forced: the model's step, beside the reference's
+        (entry["pr"],) = messages.indices([call.predicted])
     return entry
 
 

@@ -267,6 +267,19 @@ def forget(model_name: str) -> None:
         del backends[key]
 
 
+def check(model_result: list[list[list[str]]], truth: list[list[str]],
+          entry: dict[str, Any]) -> dict[str, Any]:
+    """bfcl's ``multi_turn_checker`` verdict on ``model_result`` (decoded calls by turn and
+    step) against ``truth``, on a copy of ``entry`` and backends of their own."""
+    model = fresh_model_name()
+    try:
+        result: dict[str, Any] = bfcl().checker(model_result, truth, copy.deepcopy(entry),
+                                                entry["id"].rsplit("_", 1)[0], model)
+    finally:
+        forget(model)
+    return result
+
+
 def fresh_model_name() -> str:
     """A model name no other episode or grading uses (so no backend is shared)."""
     return f"budgetbench_{uuid.uuid4().hex}"
@@ -435,12 +448,7 @@ class BFCLMultiTurnTask(EpisodicTask):
         decoded = [[calls for step in turn if (calls := decode_step(step, methods)) is not None]
                    for turn in turns]
         extracted = json.dumps(decoded, ensure_ascii=False)
-        model = fresh_model_name()
-        try:
-            result = bfcl().checker(decoded, truth, copy.deepcopy(entry),
-                                    entry["id"].rsplit("_", 1)[0], model)
-        finally:
-            forget(model)
+        result = check(decoded, truth, entry)
         if result["valid"]:
             return Grade(1.0, extracted, self.grader_id, {})
         return self._invalid(extracted, str(result.get("error_type")),
@@ -503,13 +511,7 @@ class BFCLMultiTurnTask(EpisodicTask):
         if decoded is None:
             return False
         model_result, truth_prefix = teacher_forced_prefix(truth, turn, position, decoded)
-        model = fresh_model_name()
-        try:
-            result = bfcl().checker(model_result, truth_prefix, copy.deepcopy(entry),
-                                    entry["id"].rsplit("_", 1)[0], model)
-        finally:
-            forget(model)
-        return bool(result["valid"])
+        return bool(check(model_result, truth_prefix, entry)["valid"])
 
     def _invalid(self, extracted: str, error_type: str, message: str) -> Grade:
         return Grade(0.0, extracted, self.grader_id,

@@ -1,0 +1,103 @@
+"""An agent sweep's wall time against its physical limit on the embedded model.
+
+    .venv/bin/python benchmarks/bench_agent_limit.py RUN_DIR --wall SECONDS [--model NAME]
+
+Measures, on this machine, the embedded server's prefill rate (prompt tokens a second, on
+cold prompts of about 2,000 tokens that share nothing, ``max_tokens=1``) and its decode
+rate (output tokens a second past the prefill, on a short prompt), three times each, and
+takes the medians. Then, from the run's ``episodes.jsonl``, the sweep's physical limit:
+over every call the run sent (the response cache answered none of them), the prompt
+tokens it does not share with the previous call of its episode (``counted_tokens -
+prefix_tokens``) at the prefill rate, plus its output tokens at the decode rate; and the
+ratio of the sweep's wall time (``--wall``, as pytest printed it) to that limit.
+
+Goal (issue 33): at most 1.3. Measure on a quiet machine (load < 1): nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from pytest_budgetbench.embedded.models import DEFAULT_MODEL, embedded_model
+from pytest_budgetbench.embedded.process import EmbeddedServer
+from pytest_budgetbench.model.chat import ChatModel
+from pytest_budgetbench.records.store import RunStore
+from pytest_budgetbench.tasks.needle import filler_sentence
+
+PREFILL_TOKENS = 2000
+REPEATS = 3
+
+
+def filler(seed: int, tokens: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    sentences = [f"Prompt {seed}."]
+    while sum(len(s) for s in sentences) < tokens * 4:
+        sentences.append(filler_sentence(rng))
+    return " ".join(sentences)
+
+
+def rates(chat: ChatModel) -> tuple[float, float]:
+    """(prefill tokens/s, decode tokens/s), medians of REPEATS cold measurements."""
+    prefill, decode = [], []
+    for seed in range(REPEATS):
+        prompt = [{"role": "user", "content": filler(seed, PREFILL_TOKENS)}]
+        started = time.perf_counter()
+        reply = chat.complete(prompt, max_tokens=1)
+        prefill.append((reply.prompt_tokens or 0) / (time.perf_counter() - started))
+        short = [{"role": "user", "content": f"Count from {seed} to 400, one number a line."}]
+        started = time.perf_counter()
+        reply = chat.complete(short, max_tokens=200)
+        elapsed = time.perf_counter() - started - (reply.prompt_tokens or 0) / prefill[-1]
+        decode.append((reply.completion_tokens or 0) / elapsed)
+    return statistics.median(prefill), statistics.median(decode)
+
+
+def limit(run_dir: Path, prefill_rate: float, decode_rate: float) -> tuple[float, int, int, int]:
+    """(seconds, calls sent, unshared prompt tokens, output tokens) of the run's episodes."""
+    calls = unshared = output = 0
+    for episode in RunStore(run_dir).episodes().values():
+        for call in episode.calls:
+            if call.cached is not False:  # not sent, or answered by the response cache
+                continue
+            calls += 1
+            unshared += call.counted_tokens - (call.prefix_tokens or 0)
+            output += call.output_tokens or 0
+    return unshared / prefill_rate + output / decode_rate, calls, unshared, output
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--wall", type=float, required=True, help="the sweep's wall seconds")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    args = parser.parse_args()
+    load1, load5, _ = os.getloadavg()
+    model = embedded_model(args.model)
+    with tempfile.TemporaryDirectory() as scratch:
+        server = EmbeddedServer(n_ctx=8192, threads=None, model_name=model.name,
+                                log_path=Path(scratch) / "server.log")
+        server.start()
+        try:
+            prefill_rate, decode_rate = rates(ChatModel(server.base_url, model.alias))
+        finally:
+            server.stop()
+    seconds, calls, unshared, output = limit(args.run_dir, prefill_rate, decode_rate)
+    print(f"cores {os.cpu_count()}, load average at start {load1:.2f} (1 min), "
+          f"{load5:.2f} (5 min)")
+    print(f"prefill {prefill_rate:.0f} tokens/s, decode {decode_rate:.1f} tokens/s "
+          f"(medians of {REPEATS})")
+    print(f"{calls} calls sent: {unshared} prompt tokens not shared with the episode's "
+          f"previous call, {output} output tokens")
+    print(f"physical limit {seconds:.0f} s; wall {args.wall:.0f} s; "
+          f"wall / limit {args.wall / seconds:.2f} (goal <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()
