@@ -208,7 +208,11 @@ def test_summary_csv_averages_retention_over_the_rows_that_have_it(tmp_path: Pat
             make_row(strategy="rag", item_id="a")]
     build_report([write_run(tmp_path / "run", rows)], tmp_path / "out", plots=False)
     csv = pd.read_csv(tmp_path / "out" / "summary.csv")
-    assert list(csv.columns)[-1] == "evidence_retention_mean" == tables.SUMMARY_COLUMNS[-1]
+    # Appended at the end, so readers of the older columns by position keep them; then a
+    # teacher-forced episode's name-only step accuracy (empty here).
+    assert list(csv.columns)[-2:] == ["evidence_retention_mean", "name_accuracy_mean"] \
+        == list(tables.SUMMARY_COLUMNS[-2:])
+    assert csv["name_accuracy_mean"].isna().all()
     by_strategy = dict(zip(csv["strategy"], csv["evidence_retention_mean"], strict=True))
     assert by_strategy["truncation"] == pytest.approx(0.75)
     assert pd.isna(by_strategy["rag"])
