@@ -181,3 +181,28 @@ def test_two_chats_of_one_id_are_an_error_naming_both(
     assert err == (f"budgetbench: error: import-chats: {export} record 2: chat id 'c1' is also "
                    "record 0's; give each chat its own id\n")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_questions_evidence_is_written_as_text_and_read_as_the_items(
+    tmp_path: Path,
+) -> None:
+    """Evidence given as text passes through; given as the index of a message of the
+    export's chat, it becomes that message's text, which the flattened chat still holds."""
+    export, questions = write_example(tmp_path)
+    chat = json.loads(export.read_text())[0]
+    at = next(i for i, m in enumerate(chat["messages"]) if m["role"] == "tool")
+    result_text = chat["messages"][at]["content"]
+    lines = questions.read_text().splitlines()
+    first = {**json.loads(lines[0]), "evidence": [at, "Falcon0"]}
+    questions.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    for flatten in (False, True):
+        out = tmp_path / f"chats-{flatten}.jsonl"
+        import_chats(export, questions, out, flatten_tools=flatten)
+        item = _load(out)[0]
+        assert item.evidence == (result_text, "Falcon0")
+        assert any(result_text in json.dumps(m) for m in item.messages)
+    bad = {**first, "evidence": [len(chat["messages"])]}
+    questions.write_text("\n".join([json.dumps(bad), *lines[1:]]) + "\n")
+    with pytest.raises(DataError, match=r"evidence \d+ is neither text nor the index of a "
+                                        r"message with text in its chat"):
+        import_chats(export, questions, tmp_path / "bad.jsonl")

@@ -5,8 +5,11 @@ The export is a JSON list of chats (or ``{"chats": [...]}``, or JSON lines), eac
 ``messages`` in the OpenAI chat format, an ``id``, and optionally the ``tools`` its model
 was given. The questions file (JSON list or JSON lines) holds one question per record:
 ``chat_id``, ``question``, ``answer`` (a string, a number or a list), and optionally
-``category``, ``id`` and ``rubric``. Each question becomes one record: the chat's messages
-as ``history``, its tools as ``tools``, then the question.
+``category``, ``id``, ``rubric`` and ``evidence``. Each question becomes one record: the
+chat's messages as ``history``, its tools as ``tools``, then the question. ``evidence``
+(the spans its answer needs: strings, or indices of the chat's messages in the export)
+is written as text: an index becomes that message's text, which a flattened chat still
+holds verbatim.
 
 Tool traffic stays what it is: an assistant's ``tool_calls`` stay calls and ``tool``
 results stay results tied to their call's id, so a strategy sees each pair and the model
@@ -69,6 +72,8 @@ def import_chats(export: Path, questions: Path, out: Path, *,
         if chat.tools:
             record["tools"] = chat.tools
         record.update({key: question[key] for key in OPTIONAL_FIELDS if key in question})
+        if question.get("evidence") is not None:
+            record["evidence"] = _evidence(question["evidence"], chat, f"{questions} {where}")
         asked[chat_id] += 1
         records.append(record)
     try:
@@ -128,6 +133,26 @@ class Chat:
 
     messages: list[Message]
     tools: list[Tool]
+    texts: list[str]
+    """The text of each message of the export, by its index there (evidence names them)."""
+
+
+def _evidence(raw: Any, chat: Chat, where: str) -> list[str]:
+    """A question's evidence as text spans: a string as given, a message index as the text
+    of that message of the chat."""
+    spans: list[str] = []
+    for span in raw if isinstance(raw, list) else [raw]:
+        if isinstance(span, str) and span.strip():
+            spans.append(span)
+        elif isinstance(span, int) and not isinstance(span, bool) \
+                and 0 <= span < len(chat.texts) and chat.texts[span].strip():
+            spans.append(chat.texts[span])
+        else:
+            raise DataError(
+                f"import-chats: {where}: evidence {span!r} is neither text nor the index of "
+                f"a message with text in its chat (0 to {len(chat.texts) - 1}); give the "
+                "text its answer needs, or the index of the message that holds it")
+    return spans
 
 
 def _chats(path: Path, flatten_tools: bool) -> list[tuple[str, Chat]]:
@@ -142,11 +167,12 @@ def _chats(path: Path, flatten_tools: bool) -> list[tuple[str, Chat]]:
                             f"{seen[chat_id]}'s; give each chat its own id")
         seen[chat_id] = where
         messages = _messages(path, where, chat["messages"])
+        texts = [text_of(message) for message in chat["messages"]]  # validated above
         if flatten_tools:  # no call is left to need a tool
-            chats.append((chat_id, Chat(_flattened(messages), [])))
+            chats.append((chat_id, Chat(_flattened(messages), [], texts)))
         else:
             _check_pairs(path, where, messages)
-            chats.append((chat_id, Chat(messages, _tools(path, where, chat))))
+            chats.append((chat_id, Chat(messages, _tools(path, where, chat), texts)))
     return chats
 
 
