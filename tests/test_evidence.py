@@ -14,6 +14,7 @@ from pytest_budgetbench.engine.evidence import (
     TrajectoryEvidence,
     missing_evidence,
     retention,
+    tally,
     texts_of,
 )
 from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
@@ -187,10 +188,12 @@ def test_trajectory_evidence_counts_the_spans_shown_so_far_and_those_the_prompt_
     one = {"role": "tool", "tool_call_id": "a", "content": "Record R1: code X."}
     two = {"role": "tool", "tool_call_id": "b", "content": "Record R2: code Y."}
     tracker = TrajectoryEvidence(("Record R1: code X.", "Record R2: code Y."))
-    assert tracker.at_call([first], [first]) == Retention(0, 0)
-    assert tracker.at_call([first, one], [first, one]) == Retention(1, 1)
+    assert tracker.at_call([first], [first]) == []
+    assert tracker.at_call([first, one], [first, one]) == [SpanKept("Record R1: code X.", True)]
     # The second record arrives; a prompt that dropped the first keeps one of two.
-    assert tracker.at_call([first, one, two], [first, two]) == Retention(2, 1)
+    marks = tracker.at_call([first, one, two], [first, two])
+    assert marks == [SpanKept("Record R1: code X.", False), SpanKept("Record R2: code Y.", True)]
+    assert tally(marks or []) == Retention(2, 1)
     assert Retention(0, 0).ratio is None
     assert TrajectoryEvidence(()).at_call([first], [first]) is None
 

@@ -85,6 +85,9 @@ def test_each_reference_step_is_predicted_scored_and_followed_by_the_reference(
     last = next(row for row in item["rows"] if row["c"] == column)["ep"]["calls"][-1]
     assert (last["sp"], last["sx"], last["sn"]) == (5, False, True)
     assert item["msgs"][last["pr"]][:2] == ["assistant", "unknown"]
+    # Each call lists the evidence shown so far, each span kept or dropped: masked here.
+    assert [(span.startswith("Record R"), kept) for span, kept in last["ev"]] == [(True, False)]
+    assert episode["calls"][-1]["evidence"] == [[last["ev"][0][0], False]]
 
 
 def test_a_wrong_prediction_does_not_change_the_trajectory_that_follows(

@@ -168,9 +168,10 @@ class EpisodeLoop:
             call=len(episode.calls) + 1, seen=len(episode.trajectory),
             prompt=prompt_entries(prompt, episode.trajectory), tools=len(tools),
             counted_tokens=counted, prompt_sha256=prompt_sha256(prompt, tools))
-        found = episode.evidence.at_call(episode.trajectory, prompt)
-        if found is not None:
-            call.evidence_total, call.evidence_kept = found.total, found.kept
+        marks = episode.evidence.at_call(episode.trajectory, prompt)
+        if marks is not None:
+            call.evidence_total, call.evidence_kept = len(marks), sum(m.kept for m in marks)
+            call.evidence = [[mark.span, mark.kept] for mark in marks]
         ids = self.tokens.prompt_token_ids(prompt, tools)
         if ids is not None:
             previous = episode._previous_ids

@@ -112,12 +112,12 @@ class TrajectoryEvidence:
     _read: int = 0
 
     def at_call(self, trajectory: Sequence[Message],
-                prompt: Sequence[Message]) -> Retention | None:
-        """The call's count: ``total`` the spans shown so far, ``kept`` those the prompt
-        holds; None where the item declares no evidence."""
+                prompt: Sequence[Message]) -> list[SpanKept] | None:
+        """The spans shown so far, each marked kept where the prompt holds it (their
+        :func:`tally` is the call's count); None where the item declares no evidence."""
         if not self.evidence:
             return None
         unseen = [span for span in self.evidence if span not in self.shown]
         self.shown += held(unseen, texts_of(trajectory[self._read:]))
         self._read = len(trajectory)
-        return Retention(total=len(self.shown), kept=len(held(self.shown, texts_of(prompt))))
+        return spans_kept(self.shown, prompt)

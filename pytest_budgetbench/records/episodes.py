@@ -68,6 +68,8 @@ class CallRecord:
     arrives in tool results); None where the item declares none, or in an older record."""
     evidence_kept: int | None = field(default=None, metadata={_PAGE: "ek"})
     """Of those, the spans this call's prompt held verbatim (engine.evidence)."""
+    evidence: list[list[Any]] | None = None
+    """Those spans, each ``[span, kept]`` (the viewer marks them); None as the counts."""
     step: int | None = field(default=None, metadata={_PAGE: "sp"})
     """A teacher-forced call's reference step (1-based, of all the reference's steps)."""
     predicted: Message | None = None

@@ -459,6 +459,7 @@
       call.nt !== undefined ? call.nt + " tools" : "",
       call.et !== undefined ? "evidence kept " + call.ek + " of " + call.et : "",
       "made after " + call.seen + " trajectory messages"].filter(Boolean).join(" · ")));
+    if (call.ev) { details.appendChild(evidence(call.ev)); }  // spans shown by this call
     call.p.forEach(function (i, at) {
       details.appendChild(message(item, item.msgs[i], made.has(at) ? "new" : "kept"));
     });

@@ -274,7 +274,8 @@ def _episode(record: EpisodeRecord | None, messages: _Messages) -> dict[str, Any
                     "seen", and the call's fields by their short keys (records.episodes'
                     CALL_PAGE_KEYS: "t" counted tokens, "st", "o", "ms", "ca", "nt",
                     "et", "ek" evidence shown and kept; teacher-forced: "sp" the reference
-                    step, "sx" / "sn" exact / name-right, "pr" msgs index of the prediction)}],
+                    step, "sx" / "sn" exact / name-right, "pr" msgs index of the prediction;
+                    "ev" the evidence spans shown so far, [[span, kept]])}],
          "callsn": the episode's calls when more than MAX_EPISODE_CALLS}
 
     None when there is no record (a record without a trajectory and calls is none)."""
@@ -319,6 +320,9 @@ def _episode_call(call: CallRecord, positions: list[int], messages: _Messages
             entry[key] = value
     if call.predicted is not None:  # teacher-forced: the model's step, beside the reference's
         (entry["pr"],) = messages.indices([call.predicted])
+    if call.evidence:  # the spans shown by this call, each kept or dropped
+        entry["ev"] = [[clip(str(span)), bool(kept)] for span, kept in call.evidence]
+        messages.chars += sum(len(mark[0]) + 8 for mark in entry["ev"])
     return entry
 
 
