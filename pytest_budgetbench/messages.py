@@ -204,6 +204,17 @@ def as_sent(messages: Sequence[Message]) -> list[Message]:
             for message in messages]
 
 
+def shared_prefix(first: Sequence[Any], second: Sequence[Any]) -> int:
+    """How many leading entries two sequences share (two prompts' token ids, their
+    messages' digests): what a server's prompt cache can reuse."""
+    length = 0
+    for left, right in zip(first, second, strict=False):
+        if left != right:
+            break
+        length += 1
+    return length
+
+
 def arguments_as_objects(messages: Sequence[Message]) -> list[Message]:
     """``messages`` with each tool call's ``arguments`` parsed from its JSON text into an
     object, as vLLM (and llama.cpp's own server) hand them to a chat template: a template's

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.evidence import Retention, TrajectoryEvidence, fill_retention
 from pytest_budgetbench.errors import MalformedReply
-from pytest_budgetbench.messages import Message, Tool, shared_call_id
+from pytest_budgetbench.messages import Message, Tool, shared_call_id, shared_prefix
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
 from pytest_budgetbench.records.rows import CellRow
@@ -80,16 +80,6 @@ def prompt_entries(
     return entries
 
 
-def shared_prefix(first: Sequence[int], second: Sequence[int]) -> int:
-    """How many leading tokens two prompts share."""
-    length = 0
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        length += 1
-    return length
-
-
 def percentile(values: Sequence[int], fraction: float) -> int:
     """The nearest-rank percentile (p95 of 20 calls is the 19th smallest)."""
     ordered = sorted(values)
@@ -131,26 +121,15 @@ class EpisodeLoop:
 
     def play(self) -> Episode:
         env = self.environment
-        episode = Episode(trajectory=list(env.start()), tools=list(env.tools),
-                          evidence=TrajectoryEvidence(self.evidence))
+        episode = self._begin()
         while True:
             if len(episode.calls) >= self.max_calls:
                 episode.ended = Ended.MAX_CALLS
                 break
-            tools = list(env.tools)
-            prompt, seconds, counted = self.cell.prompt(list(episode.trajectory), tools)
-            episode.strategy_s += seconds
-            episode.last_prompt = prompt
-            call = self._record_call(episode, prompt, tools, counted)
-            outcome = budgeted_call(
-                replace(self.cell.site, call=call.call), prompt, budget=self.budget,
-                tokens=self.tokens, counted=counted, send=partial(self._reply, call, prompt, tools))
+            _call, outcome = self._call(episode, send=True)
             if outcome.completion is None:
-                episode.ended = Ended.VIOLATION
-                episode.violation = outcome.violation
-                break
+                break  # over budget: _call recorded the violation
             completion = outcome.completion
-            self._received(call, outcome)
             reply = completion.message
             episode.trajectory.append(reply)
             episode.last_reply = completion.text
@@ -161,6 +140,30 @@ class EpisodeLoop:
             episode.trajectory.extend(following)
             episode.tools = list(env.tools)
         return episode
+
+    def _begin(self) -> Episode:
+        env = self.environment
+        return Episode(trajectory=list(env.start()), tools=list(env.tools),
+                       evidence=TrajectoryEvidence(self.evidence))
+
+    def _call(self, episode: Episode, *, send: bool) -> tuple[CallRecord, CallOutcome]:
+        """One call of the episode: the strategy's prompt for the trajectory so far,
+        recorded, then the budgeted call (sent only with ``send``). A prompt over budget
+        ends the episode as a violation; a reply is recorded on the call."""
+        tools = list(self.environment.tools)
+        prompt, seconds, counted = self.cell.prompt(list(episode.trajectory), tools)
+        episode.strategy_s += seconds
+        episode.last_prompt = prompt
+        call = self._record_call(episode, prompt, tools, counted)
+        outcome = budgeted_call(
+            replace(self.cell.site, call=call.call), prompt, budget=self.budget,
+            tokens=self.tokens, counted=counted,
+            send=partial(self._reply, call, prompt, tools) if send else None)
+        if outcome.violation:
+            episode.ended, episode.violation = Ended.VIOLATION, outcome.violation
+        elif outcome.completion is not None:
+            self._received(call, outcome)
+        return call, outcome
 
     def _record_call(self, episode: Episode, prompt: list[Message], tools: list[Tool],
                      counted: int) -> CallRecord:
@@ -224,8 +227,7 @@ class TeacherForcedLoop(EpisodeLoop):
 
     def play(self) -> Episode:
         env = self.environment
-        episode = Episode(trajectory=list(env.start()), tools=list(env.tools),
-                          evidence=TrajectoryEvidence(self.evidence))
+        episode = self._begin()
         for index, step in enumerate(self.steps):
             if step.scored and not self._predict(episode, index):
                 return episode  # over budget: the violation ends it
@@ -240,21 +242,11 @@ class TeacherForcedLoop(EpisodeLoop):
 
     def _predict(self, episode: Episode, index: int) -> bool:
         """One scored step's call; False when its prompt was over budget."""
-        tools = list(self.environment.tools)
-        prompt, seconds, counted = self.cell.prompt(list(episode.trajectory), tools)
-        episode.strategy_s += seconds
-        episode.last_prompt = prompt
-        call = self._record_call(episode, prompt, tools, counted)
+        call, outcome = self._call(episode, send=self.score is not None)
         call.step = index + 1
-        send = None if self.score is None else partial(self._reply, call, prompt, tools)
-        outcome = budgeted_call(replace(self.cell.site, call=call.call), prompt,
-                                budget=self.budget, tokens=self.tokens, counted=counted,
-                                send=send)
         if outcome.violation:
-            episode.ended, episode.violation = Ended.VIOLATION, outcome.violation
             return False
         if outcome.completion is not None and self.score is not None:
-            self._received(call, outcome)
             call.predicted = outcome.completion.message
             scored = self.score(index, call.predicted)
             call.exact, call.name_ok, self.checker = scored.exact, scored.name, scored.checker
@@ -270,12 +262,13 @@ def fill_teacher_forced(row: CellRow, episode: Episode, checker: str) -> None:
     row.episode_mode = TEACHER_FORCED
     row.steps = len(calls)
     scored = [call for call in calls if call.exact is not None]
-    row.steps_exact = sum(1 for call in scored if call.exact) if scored else None
-    row.steps_name = sum(1 for call in scored if call.name_ok) if scored else None
-    if scored and not episode.violation:
-        row.quality = round(len([c for c in scored if c.exact]) / len(scored), 4)
-        row.name_accuracy = round(len([c for c in scored if c.name_ok]) / len(scored), 4)
-        row.grader = checker
+    if scored:
+        row.steps_exact = sum(1 for call in scored if call.exact)
+        row.steps_name = sum(1 for call in scored if call.name_ok)
+        if not episode.violation:
+            row.quality = round(row.steps_exact / len(scored), 4)
+            row.name_accuracy = round(row.steps_name / len(scored), 4)
+            row.grader = checker
     shown = [call for call in calls if call.evidence_total]
     fill_retention(row, Retention(sum(c.evidence_total or 0 for c in shown),
                                   sum(c.evidence_kept or 0 for c in shown)) if shown else None)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.errors import EndpointError, EndpointUnavailable, MalformedReply
-from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.messages import Message, Tool, shared_prefix
 from pytest_budgetbench.model.chat import ChatModel, Completion, RequestSlots
 from pytest_budgetbench.model.tool_parser import ToolParser
 from pytest_budgetbench.redact import redact, redact_url
@@ -283,9 +283,4 @@ def message_digests(messages: Sequence[Message], tools: Sequence[Tool] | None = 
 def shared_start(first: Sequence[str], second: Sequence[str]) -> int:
     """How many leading messages two requests' digests (:func:`message_digests`) share,
     when their tools are the same (the tools come first in a rendered prompt)."""
-    count = -1
-    for left, right in zip(first, second, strict=False):
-        if left != right:
-            break
-        count += 1
-    return max(count, 0)
+    return max(shared_prefix(first, second) - 1, 0)
