@@ -423,6 +423,34 @@ def planted_secrets(workdir: Path, items: int = 3) -> list[FaultTally]:
         fake.stop()
 
 
+def planted_secrets_in_episodes(workdir: Path, items: int = 2) -> FaultTally:
+    """The same planted secrets through a teacher-forced agent sweep (episodes.jsonl, each
+    step's prediction, the viewer's trajectories), its server echoing the key in the 401s
+    of 30% of calls, under ``-l`` and ``--junitxml``, report on; then a resume without
+    faults completes the errored episodes."""
+    fake = FakeOpenAI(responder=agent_responder).start()
+    try:
+        run_root = prepare(workdir)
+        out = run_root / "out"
+        fake.inject(0.3, ("401echo",), seed=7)
+        command = [*agent_command(_planted_url(fake), out, items, "-l",
+                                  f"--junitxml={run_root / 'junit.xml'}",
+                                  "--budgetbench-strategies=full_context,observation_masking",
+                                  "--budgetbench-episodes=teacher-forced"),
+                   "--budgetbench-report=on"]
+        started = time.monotonic()
+        run_sweep(run_root, command)
+        injected = len(fake.injected)
+        fake.inject(0.0, ())
+        code = run_sweep(run_root, [*command, "--budgetbench-resume=latest"])
+        return tally("secrets: teacher-forced episodes, 401 echoes the key",
+                     injected + len(PLANTED), only_run(out),
+                     agent_cells(items, ("full_context", "observation_masking")), code,
+                     time.monotonic() - started, secrets_in=run_root, graded=False)
+    finally:
+        fake.stop()
+
+
 def retry_after_extremes(workdir: Path, items: int = 4) -> FaultTally:
     """429s whose Retry-After is inf, 1e400, 3600, negative, garbage or an HTTP date (far
     future or past), under --budgetbench-timeout=5: no overflow, no hour-long sleep; each
@@ -834,6 +862,7 @@ def all_scenarios(root: Path) -> list[FaultTally]:
         endpoint_down(root / "down")[0],
         malformed_dataset(root / "dataset")[0],
         *planted_secrets(root / "secrets"),
+        planted_secrets_in_episodes(root / "secrets-episodes"),
         retry_after_extremes(root / "retry"),
         incomparable_baseline(root / "baseline")[0],
         misbehaving_strategies(root / "plugins"),

@@ -145,15 +145,18 @@ def test_the_lookup_evidence_is_the_first_record_line_as_its_tool_result_holds_i
         assert text_of(results[0]).count(item.evidence[0]) == 1
 
 
+@pytest.mark.parametrize("mode", ["free-running", "teacher-forced"])
 def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(
-    agent: FakeOpenAI, tmp_path: Path
+    agent: FakeOpenAI, tmp_path: Path, mode: str
 ) -> None:
     """SIGKILL during the second episode's calls; the resume reruns that episode from its
-    start, its sent calls answered by the response cache, and ends with one row a cell."""
+    start, its sent calls answered by the response cache, and ends with one row a cell.
+    (Teacher-forced: the same five calls, one per reference step, each predicted right.)"""
     agent.latency_s = 0.05
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                *lookup_args(agent, tmp_path, "--budgets=8192",
-                            "--budgetbench-strategies=full_context")]
+                            "--budgetbench-strategies=full_context",
+                            f"--budgetbench-episodes={mode}")]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:
@@ -172,7 +175,8 @@ def test_a_run_killed_mid_episode_resumes_to_one_row_per_cell_from_the_cache(
     rows = rows_of(tmp_path)
     assert sorted(row["cell_id"] for row in rows) == sorted(
         {row["cell_id"] for row in rows}) and len(rows) == 2
-    assert all(row["calls"] == 5 and row["quality"] == 1.0 for row in rows)
+    assert all(row["calls"] == 5 and row["quality"] == 1.0 and row["episode_mode"] == mode
+               for row in rows)
     # Two episodes of five calls: those answered before the kill were not sent again (the
     # one in flight when it died is sent again, as its reply was never stored).
     assert len(agent.requests) <= 11

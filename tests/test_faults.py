@@ -110,6 +110,17 @@ def test_planted_secrets_reach_no_artifact_stdout_or_junit(tmp_path: Path) -> No
     assert "--budgetbench-tokenizer=auto" in output and "Traceback" not in output
 
 
+def test_planted_secrets_reach_no_episode_record_or_step(tmp_path: Path) -> None:
+    """A teacher-forced agent sweep whose server echoes the key in its 401s: the errored
+    episodes' records, the steps, the report's viewer and the JUnit hold no secret, and
+    a resume completes every cell."""
+    result = faults.planted_secrets_in_episodes(tmp_path)
+    assert result.faults_injected > len(faults.PLANTED), "no 401 was injected"
+    assert result.secret_hits == 0 and result.clean, result
+    assert result.completed == result.cells and result.exit_code == 0, result
+    assert (tmp_path / "junit.xml").is_file() and any(tmp_path.glob("out/*/episodes.jsonl"))
+
+
 def test_extreme_retry_after_values_neither_overflow_nor_sleep_past_the_cap(
     tmp_path: Path,
 ) -> None:

@@ -275,7 +275,7 @@ def test_report_and_diff_over_an_unreadable_cells_file_are_one_line(
     assert f"cannot read {cells} (" in _one_error_line(capsys)
 
 
-def test_the_cli_violation_gate_fails_when_no_row_was_judged(
+def test_the_cli_gates_fail_when_no_row_was_judged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rows = [row for i in range(5) for row in (_row(i, "full_context", budget=2000),
@@ -289,6 +289,10 @@ def test_the_cli_violation_gate_fails_when_no_row_was_judged(
                                              for i in range(5)])
     assert _report(str(only_reference), "--max-violation-rate", "0.05") == EXIT_GATE_FAILED
     assert "no strategy@budget other than a reference has a row" in capsys.readouterr().err
+    # So does a retention floor that no strategy@budget of the run falls under.
+    assert _report(str(only_reference), "--min-retention", "0.5") == EXIT_GATE_FAILED
+    assert ("gate failed: retention-floor gate: no strategy@budget other than a reference "
+            "has a row") in capsys.readouterr().err
 
 
 def test_the_cli_regression_gate_fails_when_nothing_was_compared(

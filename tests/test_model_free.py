@@ -103,10 +103,11 @@ def test_the_default_sweep_model_free_counts_exactly_and_shows_what_truncation_l
 def test_the_retention_floor_fails_a_policy_that_drops_the_oldest_half(
     policy: pytest.Pytester, tmp_path: Path
 ) -> None:
+    junit = tmp_path / "junit.xml"
     result = policy.runpytest(*model_free_args(
         tmp_path, "--budgets=8192", "--budgetbench-tokenizer=approx",
         "--budgetbench-strategies=full_context,rag,policy:DropOldestHalf",
-        "--budgetbench-min-retention=0.9"))
+        "--budgetbench-min-retention=0.9", f"--junitxml={junit}"))
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
         "FAILED budgetbench::gate[[]retention-floor drop_oldest_half@8192[]]*",
@@ -115,7 +116,25 @@ def test_the_retention_floor_fails_a_policy_that_drops_the_oldest_half(
         "budgetbench gate failed: drop_oldest_half@8192: mean evidence retention 0.* over * "
         "admitted items is below the floor 0.900 (lowest: memory/* 0.00, *)"])
     assert "gate[retention-floor full_context" not in result.stdout.str()  # a reference
-    assert retention_by_cell(rows_of(tmp_path))[("rag", 8192)] >= 0.9
+    retention = retention_by_cell(rows_of(tmp_path))
+    assert retention[("rag", 8192)] >= 0.9
+    # JUnit carries each gate's verdict: the mean it judged, failed or passed.
+    verdicts = junit_gate_verdicts(junit)
+    assert verdicts["drop_oldest_half"]["retention"] == retention[("drop_oldest_half", 8192)]
+    assert verdicts["drop_oldest_half"]["reasons"] and not verdicts["rag"]["reasons"]
+    assert verdicts["rag"]["retention"] == retention[("rag", 8192)]
+
+
+def junit_gate_verdicts(junit: Path) -> dict[str, dict[str, Any]]:
+    """Each gate test case's verdict property in a JUnit XML file, by strategy."""
+    from xml.etree import ElementTree
+
+    from pytest_budgetbench.pytest_face.sweep_tests import VERDICT_PROPERTY
+
+    verdicts = [json.loads(prop.get("value", ""))
+                for case in ElementTree.parse(junit).iter("testcase")
+                for prop in case.iter("property") if prop.get("name") == VERDICT_PROPERTY]
+    return {verdict["strategy"]: verdict for verdict in verdicts}
 
 
 def test_a_named_floor_judges_one_cell_and_the_report_command_judges_the_same(

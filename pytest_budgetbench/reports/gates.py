@@ -73,36 +73,40 @@ def violation_gate(report: GatedReport, max_rate: float) -> list[str]:
     """One line per non-reference strategy@budget whose violation rate, pooled over tasks,
     exceeds ``max_rate``, or that has no rate (every cell errored): as
     :func:`gate_verdict`, a gate over nothing fails."""
-    summary = report.summary
-    candidates = summary.loc[~summary["reference"].astype(bool)] if not summary.empty else summary
-    if candidates.empty:
-        return ["violation gate: no strategy@budget other than a reference has a row, so "
-                "there is no violation rate to judge"]
-    reasons: list[str] = []
-    for key in candidates.groupby(["strategy", "budget"], sort=True).groups:
-        strategy, budget = key_values(key)
-        verdict = gate_verdict(report, GateSpec(VIOLATION_GATE, str(strategy), int(budget)),
-                               max_rate=max_rate)
-        reasons.extend(verdict.reasons)
-    return reasons
+    return _gate_each_cell(report, VIOLATION_GATE,
+                           lambda _strategy, _budget, reference: None if reference else max_rate)
 
 
 def retention_gate(report: GatedReport, floor: Callable[[str, int, bool], float | None]
                    ) -> list[str]:
     """One line per strategy@budget whose pooled mean evidence retention is below its floor
     (``floor(strategy, budget, reference)``, None: no floor), as :func:`gate_verdict`."""
+    return _gate_each_cell(report, RETENTION_GATE, floor)
+
+
+def _gate_each_cell(report: GatedReport, kind: str,
+                    threshold: Callable[[str, int, bool], float | None]) -> list[str]:
+    """:func:`gate_verdict`'s reason lines for each strategy@budget that
+    ``threshold(strategy, budget, reference)`` gives a threshold (the maximum violation
+    rate or the retention floor, by ``kind``); one line when it gives none to any, since a
+    gate over nothing guards nothing."""
     summary = report.summary
     reasons: list[str] = []
-    if summary.empty:
-        return ["retention gate: no strategy@budget has a row, so there is no retention "
-                "to judge"]
-    for key, group in summary.groupby(["strategy", "budget"], sort=True):
+    judged = 0
+    groups = summary.groupby(["strategy", "budget"], sort=True) if not summary.empty else ()
+    for key, group in groups:
         strategy, budget = key_values(key)
-        cell_floor = floor(str(strategy), int(budget), bool(group["reference"].any()))
-        if cell_floor is not None:
-            verdict = gate_verdict(report, GateSpec(RETENTION_GATE, str(strategy), int(budget)),
-                                   min_retention=cell_floor)
+        value = threshold(str(strategy), int(budget), bool(group["reference"].any()))
+        if value is not None:
+            judged += 1
+            verdict = gate_verdict(
+                report, GateSpec(kind, str(strategy), int(budget)),
+                max_rate=value if kind == VIOLATION_GATE else None,
+                min_retention=value if kind == RETENTION_GATE else None)
             reasons.extend(verdict.reasons)
+    if not judged:
+        return [f"{kind} gate: no strategy@budget other than a reference has a row, so "
+                "there is nothing to judge"]
     return reasons
 
 
