@@ -70,6 +70,14 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
                               "*hotpotqa*/nope/hotpot.json*"),
         "data malformed": (["--budgetbench-tasks=hotpotqa",
                             f"--budgetbench-data-hotpotqa={malformed}"], f"*{malformed}*"),
+        "violation gate over references": (
+            ["--budgetbench-strategies=full_context", "--budgetbench-max-violation-rate=0.1"],
+            "*--budgetbench-max-violation-rate=0.1 judges nothing: every strategy of the "
+            "sweep (full_context) is a reference*"),
+        "retention floor over references": (
+            ["--budgetbench-strategies=full_context", "--budgetbench-min-retention=0.9"],
+            "*--budgetbench-min-retention judges nothing: *(e.g. "
+            "--budgetbench-min-retention=full_context@512=0.9)*"),
     }
 
 
@@ -78,7 +86,7 @@ CASES = [
     "auto without a route", "baseline missing", "baseline malformed", "cache path unwritable",
     "out is a file", "timeout zero", "embedding model missing", "budget twice", "budget absurd",
     "reference budget not swept", "data for a task not swept", "data path missing",
-    "data malformed",
+    "data malformed", "violation gate over references", "retention floor over references",
 ]
 
 
