@@ -360,6 +360,20 @@ def test_progress_is_rewritten_in_place_on_a_tty_with_eta_means_and_cache_hits()
     assert reporter.lines == [""]
 
 
+def test_the_eta_follows_the_newest_cells_after_a_cached_start() -> None:
+    """A resumed run: 100 cells from the cache in a second, then one every 10 s. The ETA
+    is the newest cells' pace (70 cells left, 700 s), not the mean since the start (which
+    said under 3 minutes)."""
+    now = [0.0]
+    reporter = FakeReporter()
+    progress = SweepProgress(reporter, interval=30, in_place=True, clock=lambda: now[0])
+    progress.expect({"memory": 200})
+    for cell in range(130):
+        now[0] = cell / 100 if cell < 100 else 1 + 10 * (cell - 99)
+        progress.add(note("rag", 512, 1.0, cached=cell < 100))
+    assert "| ETA 11m40s |" in reporter.rewritten[-1]
+
+
 def test_progress_off_a_tty_waits_its_interval() -> None:
     now = [0.0]
     reporter = FakeReporter()

@@ -1,6 +1,8 @@
 """Live progress of a sweep, written through pytest's terminal reporter.
 
-One line per task: cells done of total, an ETA from the cells so far, the running mean
+One line per task: cells done of total, an ETA from the pace of the newest cells (a
+resumed run's cached cells, done in an instant, would otherwise promise minutes for what
+takes an hour), the running mean
 quality of each strategy at the newest budget, and cache hits. On a tty the line is
 updated in place (the cells' own dots are left out, so the line owns the row); otherwise
 a line is written every ``--budgetbench-progress`` seconds. Silent under ``-q``.
@@ -12,7 +14,7 @@ of an xdist run sees every worker's cells.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 PROPERTY = "budgetbench"
 """The name of the one user property a cell's report carries."""
+PACE_CELLS = 25
+"""The ETA's pace is that of the newest this many cells."""
 
 
 def cell_properties(cell: Cell, row: CellRow) -> list[tuple[str, Any]]:
@@ -59,9 +63,12 @@ class TaskProgress:
     violations: int = 0
     errors: int = 0
     quality: dict[tuple[str, int], list[float]] = field(default_factory=lambda: defaultdict(list))
+    finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=PACE_CELLS + 1))
+    """When the newest cells finished, in seconds since the sweep started."""
 
-    def add(self, note: dict[str, Any]) -> None:
+    def add(self, note: dict[str, Any], elapsed: float) -> None:
         self.done += 1
+        self.finished_at.append(elapsed)
         self.cached += bool(note.get("cached"))
         self.violations += note.get("status") == Status.VIOLATION
         self.errors += note.get("status") == Status.ERROR
@@ -73,7 +80,7 @@ class TaskProgress:
     def line(self, task: str, elapsed: float) -> str:
         parts = [f"{task}: {self.done}/{self.total} cells"]
         if 0 < self.done < self.total:
-            parts.append(f"ETA {_fmt_duration(elapsed / self.done * (self.total - self.done))}")
+            parts.append(f"ETA {_fmt_duration(self.pace(elapsed) * (self.total - self.done))}")
         elif self.done:
             parts.append(f"took {_fmt_duration(elapsed)}")
         if self.quality:
@@ -89,6 +96,13 @@ class TaskProgress:
         if self.errors:
             parts.append(f"{self.errors} errors")
         return " | ".join(parts)
+
+    def pace(self, elapsed: float) -> float:
+        """Seconds a cell: over the newest :data:`PACE_CELLS` cells once that many are done,
+        else over all."""
+        if self.done <= PACE_CELLS:
+            return elapsed / self.done
+        return (self.finished_at[-1] - self.finished_at[0]) / (len(self.finished_at) - 1)
 
 
 class SweepProgress:
@@ -121,7 +135,7 @@ class SweepProgress:
             if name == PROPERTY and isinstance(note, dict):
                 task = self.tasks.setdefault(str(note["task"]), TaskProgress(0))
                 task.total = max(task.total, task.done + 1)
-                task.add(note)
+                task.add(note, self.clock() - self.started)
                 self._maybe_write()
 
     def lines(self) -> list[str]:
