@@ -17,6 +17,13 @@ tokens it does not share with the previous call of its episode (``counted_tokens
 prefix_tokens``) at the prefill rate, plus its output tokens at the decode rate; and the
 ratio of the sweep's wall time (``--wall``, as pytest printed it) to that limit.
 
+Beside it, the server's own account: the prompt-eval and eval times llama.cpp logs for each
+request in the run's ``server.log``, summed, and the wall time over that. It needs no
+separate rate measurement, which moves with the machine's state (71 to 100 tokens/s of
+prefill on this machine, an hour apart), and it counts what short-prompt rates leave out:
+prefill and decode slow down as the context grows (BFCL's 5k-token prompts decode at
+about 14 tokens/s, a short one at 23 to 29).
+
 Goal (issue 33): at most 1.3. Measure on a quiet machine (load < 1): nothing else running.
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -114,6 +122,19 @@ def measure_rates(model_name: str) -> tuple[float, float]:
             server.stop()
 
 
+SERVER_TIMING = re.compile(r"llama_perf_context_print:\s+(?:prompt )?eval time =\s+([\d.]+) ms")
+
+
+def server_seconds(run_dir: Path) -> float | None:
+    """Seconds the embedded server spent on prompt eval and eval over the run, from the
+    timings it logs per request (None: no server log, as for an endpoint of your own)."""
+    path = RunStore(run_dir).server_log_path
+    if not path.is_file():
+        return None
+    text = path.read_text(errors="replace")
+    return sum(float(ms) for ms in SERVER_TIMING.findall(text)) / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, nargs="?")
@@ -137,15 +158,23 @@ def main() -> None:
         prefill_rate, decode_rate = measure_rates(args.model)
         print(f"prefill {prefill_rate:.0f} tokens/s, decode {decode_rate:.1f} tokens/s "
               f"(medians of {REPEATS})")
-        ratios = []
+        ratios, over_server = [], []
         for run_dir, wall in runs:
             seconds, calls, unshared, output = limit(run_dir, prefill_rate, decode_rate)
             ratios.append(wall / seconds)
             print(f"{calls} calls sent: {unshared} prompt tokens not shared with the "
                   f"episode's previous call, {output} output tokens; physical limit "
                   f"{seconds:.0f} s; wall {wall:.0f} s; wall / limit {ratios[-1]:.2f}")
+            computed = server_seconds(run_dir)
+            if computed:
+                over_server.append(wall / computed)
+                print(f"  the server's own timings: {computed:.0f} s of prompt eval and "
+                      f"eval; wall / server {over_server[-1]:.2f}")
     print(f"load average at end {os.getloadavg()[0]:.2f}; wall / limit, median of "
           f"{len(ratios)}: {statistics.median(ratios):.2f} (goal <= 1.3)")
+    if over_server:
+        print(f"wall / the server's own timings, median of {len(over_server)}: "
+              f"{statistics.median(over_server):.2f}")
 
 
 if __name__ == "__main__":
