@@ -7,13 +7,20 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.settings.cells import Cell, build_cells, clean_part, id_part
+from pytest_budgetbench.settings.cells import (
+    Cell,
+    adjacent_prompt_starts,
+    build_cells,
+    clean_part,
+    id_part,
+)
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import rows_of, sweep_args
 
@@ -76,6 +83,47 @@ def test_two_strategies_with_one_name_are_a_config_error() -> None:
                                           "twice"):
         build_cells({"memory": ["0000"]}, ["a:A", "b:B"], [512],
                     names={"a:A": "same", "b:B": "same"})
+
+
+def test_items_that_share_a_prompt_start_run_next_to_each_other() -> None:
+    """Items a, c (tools T1) and b, d (T2): a, c, then b, d, each item's cells in their own
+    order; another task's items stay after, in order."""
+    cells = build_cells({"agent": ["a", "b", "c", "d"], "memory": ["m1", "m2"]},
+                        ["truncation", "rag"], [512, 2048])
+    starts = {"agent": {"a": "T1", "b": "T2", "c": "T1", "d": "T2"},
+              "memory": {"m1": "", "m2": ""}}
+    ordered = adjacent_prompt_starts(cells, starts)
+    assert sorted(ordered, key=cells.index) == cells  # the same cells
+    items = [cell.item_id for cell in ordered]
+    assert list(dict.fromkeys(items)) == ["a", "c", "b", "d", "m1", "m2"]
+    assert [c for c in ordered if c.item_id == "c"] == [c for c in cells if c.item_id == "c"]
+    assert adjacent_prompt_starts(cells, {"agent": dict.fromkeys("abcd", ""),
+                                          "memory": starts["memory"]}) == cells
+
+
+def test_a_sweep_runs_items_of_one_tool_list_one_after_another(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path
+) -> None:
+    """Own data whose items alternate two tool lists: the items of each list are sent one
+    after another (so a server that keeps its last prompt reuses the tools), the first
+    list's first; --budgetbench-items still takes the data's first items."""
+    def tool(name: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {}}}}
+
+    records = [{"id": f"q{i}", "answer": "x", "tools": [tool("pets" if i % 2 else "files")],
+                "messages": [{"role": "user", "content": f"note {i}"},
+                             {"role": "user", "content": f"question {i}"}]} for i in range(5)]
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = pytester.runpytest(*sweep_args(
+        fake_endpoint, tmp_path, "--budgets=5000", "--budgetbench-items=4",
+        "--budgetbench-strategies=full_context",
+        f"--budgetbench-tasks=mine=jsonl(path={data}, grader=exact)"))
+    result.assert_outcomes(passed=4)
+    sent = [request["tools"][0]["function"]["name"] for request in fake_endpoint.requests]
+    assert sent == ["files", "files", "pets", "pets"]
+    assert [row["item_id"] for row in rows_of(tmp_path)] == ["q0", "q2", "q1", "q3"]
 
 
 # -- in a sweep -----------------------------------------------------------------------------

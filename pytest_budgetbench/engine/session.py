@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_budgetbench import embedded
+from pytest_budgetbench.canonical import canonical_json
 from pytest_budgetbench.engine import gating, preflight, resume, wiring
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.resume import resolve_run_dir
@@ -43,7 +44,7 @@ from pytest_budgetbench.records import definition
 from pytest_budgetbench.records.rows import FINAL_STATUSES
 from pytest_budgetbench.records.store import RunStore, read_jsonl
 from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict
-from pytest_budgetbench.settings.cells import Cell, build_cells
+from pytest_budgetbench.settings.cells import Cell, adjacent_prompt_starts, build_cells
 from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.settings.shards import shard_cells
 from pytest_budgetbench.strategies import strategy_classes
@@ -326,6 +327,9 @@ class BudgetBenchSession:
         cells = build_cells(
             items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
         )
+        cells = adjacent_prompt_starts(cells, {
+            task: {item.item_id: canonical_json(item.tools) for item in self.catalog.items(task)}
+            for task in self.catalog.names})
         if self.settings.shard is not None:
             cells = shard_cells(cells, items, *self.settings.shard)
         if self.settings.shuffle == "on":
