@@ -50,7 +50,7 @@ def check_settings(settings: Settings) -> None:
     check_extras(settings, strategies, tasks)
     check_options(settings, tasks.values(), strategies.values())
     _check_reference(settings, {cls.name for cls in strategies.values()})
-    _check_gates_judge_something(settings)
+    _check_gates_judge_something(settings, strategies)
     _check_grader_variants(settings, tasks)
     _check_data_flags(settings, tasks)
     _check_out_dir(Path(settings.out))
@@ -151,25 +151,25 @@ def _check_reference(settings: Settings, strategies: set[str]) -> None:
         )
 
 
-def _check_gates_judge_something(settings: Settings) -> None:
+def _check_gates_judge_something(settings: Settings,
+                                 strategies: Mapping[str, type[Strategy]]) -> None:
     """A violation-rate or retention gate that no strategy@budget of the sweep falls under
     (every strategy a reference, none given its own floor) would pass having judged
     nothing."""
-    from pytest_budgetbench.engine.gating import sweep_gates
-    from pytest_budgetbench.reports.verdicts import RETENTION_GATE, VIOLATION_GATE
-
-    kinds = {gate.kind for gate in sweep_gates(settings)}
-    strategies = ", ".join(settings.strategies)
-    if settings.max_violation_rate is not None and VIOLATION_GATE not in kinds:
+    references = {cls.name: bool(cls.reference) for cls in strategies.values()}
+    names = ", ".join(references)
+    if settings.max_violation_rate is not None and all(references.values()):
         raise ConfigError(
             f"--budgetbench-max-violation-rate={settings.max_violation_rate:g} judges "
-            f"nothing: every strategy of the sweep ({strategies}) is a reference, which may "
-            "go over budget; add the strategies the gate is for")
-    if settings.min_retention and RETENTION_GATE not in kinds:
-        example = f"{settings.strategies[0]}@{settings.budgets[-1]}=0.9"
+            f"nothing: every strategy of the sweep ({names}) is a reference, which may go "
+            "over budget; add the strategies the gate is for")
+    if settings.min_retention and all(
+            settings.retention_floor(name, budget, reference) is None
+            for name, reference in references.items() for budget in settings.budgets):
+        example = f"{next(iter(references))}@{settings.budgets[-1]}=0.9"
         raise ConfigError(
             f"--budgetbench-min-retention judges nothing: every strategy of the sweep "
-            f"({strategies}) is a reference, which has a floor only when named (e.g. "
+            f"({names}) is a reference, which has a floor only when named (e.g. "
             f"--budgetbench-min-retention={example}); name it or add the strategies to gate")
 
 
