@@ -125,6 +125,9 @@ def measure_rates(model_name: str) -> tuple[float, float]:
 SERVER_TIMING = re.compile(r"llama_perf_context_print:\s+(?:prompt )?eval time =\s+([\d.]+) ms")
 
 
+SERVER_PROMPT = re.compile(r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
+
+
 def server_seconds(run_dir: Path) -> float | None:
     """Seconds the embedded server spent on prompt eval and eval over the run, from the
     timings it logs per request (None: no server log, as for an endpoint of your own)."""
@@ -133,6 +136,13 @@ def server_seconds(run_dir: Path) -> float | None:
         return None
     text = path.read_text(errors="replace")
     return sum(float(ms) for ms in SERVER_TIMING.findall(text)) / 1000
+
+
+def server_prompt_tokens(run_dir: Path) -> int:
+    """Prompt tokens the server evaluated (those it did not reuse from its last prompt)."""
+    path = RunStore(run_dir).server_log_path
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    return sum(int(tokens) for tokens in SERVER_PROMPT.findall(text))
 
 
 def main() -> None:
@@ -169,7 +179,8 @@ def main() -> None:
             if computed:
                 over_server.append(wall / computed)
                 print(f"  the server's own timings: {computed:.0f} s of prompt eval and "
-                      f"eval; wall / server {over_server[-1]:.2f}")
+                      f"eval ({server_prompt_tokens(run_dir)} prompt tokens evaluated); "
+                      f"wall / server {over_server[-1]:.2f}")
     print(f"load average at end {os.getloadavg()[0]:.2f}; wall / limit, median of "
           f"{len(ratios)}: {statistics.median(ratios):.2f} (goal <= 1.3)")
     if over_server:
