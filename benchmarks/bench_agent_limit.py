@@ -128,21 +128,16 @@ SERVER_TIMING = re.compile(r"llama_perf_context_print:\s+(?:prompt )?eval time =
 SERVER_PROMPT = re.compile(r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
 
 
-def server_seconds(run_dir: Path) -> float | None:
-    """Seconds the embedded server spent on prompt eval and eval over the run, from the
-    timings it logs per request (None: no server log, as for an endpoint of your own)."""
+def server_account(run_dir: Path) -> tuple[float, int] | None:
+    """The embedded server's own account of the run, from the timings it logs per request:
+    (seconds of prompt eval and eval, prompt tokens it evaluated, i.e. did not reuse from
+    its last prompt). None: no server log, as for an endpoint of your own."""
     path = RunStore(run_dir).server_log_path
     if not path.is_file():
         return None
     text = path.read_text(errors="replace")
-    return sum(float(ms) for ms in SERVER_TIMING.findall(text)) / 1000
-
-
-def server_prompt_tokens(run_dir: Path) -> int:
-    """Prompt tokens the server evaluated (those it did not reuse from its last prompt)."""
-    path = RunStore(run_dir).server_log_path
-    text = path.read_text(errors="replace") if path.is_file() else ""
-    return sum(int(tokens) for tokens in SERVER_PROMPT.findall(text))
+    return (sum(float(ms) for ms in SERVER_TIMING.findall(text)) / 1000,
+            sum(int(tokens) for tokens in SERVER_PROMPT.findall(text)))
 
 
 def main() -> None:
@@ -175,11 +170,12 @@ def main() -> None:
             print(f"{calls} calls sent: {unshared} prompt tokens not shared with the "
                   f"episode's previous call, {output} output tokens; physical limit "
                   f"{seconds:.0f} s; wall {wall:.0f} s; wall / limit {ratios[-1]:.2f}")
-            computed = server_seconds(run_dir)
-            if computed:
+            account = server_account(run_dir)
+            if account and account[0]:
+                computed, evaluated = account
                 over_server.append(wall / computed)
                 print(f"  the server's own timings: {computed:.0f} s of prompt eval and "
-                      f"eval ({server_prompt_tokens(run_dir)} prompt tokens evaluated); "
+                      f"eval ({evaluated} prompt tokens evaluated); "
                       f"wall / server {over_server[-1]:.2f}")
     print(f"load average at end {os.getloadavg()[0]:.2f}; wall / limit, median of "
           f"{len(ratios)}: {statistics.median(ratios):.2f} (goal <= 1.3)")
