@@ -114,9 +114,18 @@ def test_the_retention_floor_fails_a_policy_that_drops_the_oldest_half(
         "*1 failed, * passed*"])
     result.stdout.fnmatch_lines([
         "budgetbench gate failed: drop_oldest_half@8192: mean evidence retention 0.* over * "
-        "admitted items is below the floor 0.900 (lowest: memory/* 0.00, *)"])
+        "admitted items that declare evidence is below the floor 0.900 (lowest: memory/* 0.00, *)"])
     assert "gate[retention-floor full_context" not in result.stdout.str()  # a reference
-    retention = retention_by_cell(rows_of(tmp_path))
+    rows = rows_of(tmp_path)
+    # The mean is over the admitted items that declare evidence (abstentions declare none),
+    # and the line says so, with their number.
+    admitted = [r for r in rows if (r["strategy"], r["budget"], r["status"])
+                == ("drop_oldest_half", 8192, "ok")]
+    with_evidence = [r for r in admitted if r["evidence_retention"] is not None]
+    assert 0 < len(with_evidence) < len(admitted)
+    assert (f"over the {len(with_evidence)} admitted items that declare evidence"
+            in result.stdout.str())
+    retention = retention_by_cell(rows)
     assert retention[("rag", 8192)] >= 0.9
     # JUnit carries each gate's verdict: the mean it judged, failed or passed.
     verdicts = junit_gate_verdicts(junit)

@@ -132,8 +132,8 @@ def _retention_verdict(report: GatedReport, counted: GateVerdict, floor: float,
         return judged
     lowest = sorted(kept.items(), key=lambda pair: (pair[1], pair[0]))[:3]
     return replace(judged, reasons=(
-        f"{label}: mean evidence retention {mean:.3f} over {len(kept)} admitted items is "
-        f"below the floor {floor:.3f} (lowest: "
+        f"{label}: mean evidence retention {mean:.3f} over the {len(kept)} admitted items "
+        f"that declare evidence is below the floor {floor:.3f} (lowest: "
         f"{', '.join(f'{item} {value:.2f}' for item, value in lowest)})",))
 
 
