@@ -146,22 +146,38 @@ def junit_gate_verdicts(junit: Path) -> dict[str, dict[str, Any]]:
     return {verdict["strategy"]: verdict for verdict in verdicts}
 
 
+def sweep_with_one_named_floor(pytester: pytest.Pytester, tmp_path: Path, strategies: str,
+                               floor: str) -> None:
+    """A model-free sweep at 8192 whose only gate is the named ``floor``
+    (STRATEGY@BUDGET=R): it runs, and that gate passes."""
+    result = pytester.runpytest(*model_free_args(
+        tmp_path, "--budgets=8192", "--budgetbench-tokenizer=approx", "-v",
+        f"--budgetbench-strategies={strategies}", f"--budgetbench-min-retention={floor}"))
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    gates = [line for line in result.stdout.lines if "::gate[" in line]
+    cell = floor.rpartition("=")[0]
+    assert len(gates) == 1 and f"gate[retention-floor {cell}] PASSED" in gates[0]
+
+
 def test_a_named_floor_judges_one_cell_and_the_report_command_judges_the_same(
     policy: pytest.Pytester, tmp_path: Path
 ) -> None:
-    result = policy.runpytest(*model_free_args(
-        tmp_path, "--budgets=8192", "--budgetbench-tokenizer=approx", "-v",
-        "--budgetbench-strategies=full_context,rag,policy:DropOldestHalf",
-        "--budgetbench-min-retention=rag@8192=0.9"))
-    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    gates = [line for line in result.stdout.lines if "::gate[" in line]
-    assert len(gates) == 1 and "gate[retention-floor rag@8192] PASSED" in gates[0]
+    sweep_with_one_named_floor(policy, tmp_path, "full_context,rag,policy:DropOldestHalf",
+                               "rag@8192=0.9")
     from pytest_budgetbench.commands.cli import main
 
     (cells,) = (tmp_path / "out").glob("*/cells.jsonl")
     run_dir = cells.parent
     assert main(["report", str(run_dir), "--no-plots", "--min-retention=rag@8192=0.9"]) == 0
     assert main(["report", str(run_dir), "--no-plots", "--min-retention=0.9"]) == 1
+
+
+def test_a_reference_alone_is_gated_when_its_floor_is_named(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """The fix the one-line refusal of a floor over references alone suggests: naming the
+    reference's floor makes its gate, and the sweep runs."""
+    sweep_with_one_named_floor(pytester, tmp_path, "full_context", "full_context@8192=0.9")
 
 
 def test_retention_is_gated_non_inferior_to_a_baseline_run(

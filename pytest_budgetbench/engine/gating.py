@@ -47,14 +47,8 @@ class GateSession(Protocol):
 
 def sweep_gates(settings: Settings) -> list[GateSpec]:
     """The gate items the sweep asked for, one per kind and strategy@budget."""
-    references = {cls.name: bool(cls.reference)
-                  for cls in strategy_classes(settings.strategies).values()}
-    return gate_specs(
-        references, settings.budgets,
-        violation=settings.max_violation_rate is not None,
-        regression=settings.baseline is not None and settings.max_regression is not None,
-        retention_floor=settings.retention_floor if settings.min_retention else None,
-    )
+    return gate_specs({cls.name: bool(cls.reference)
+                       for cls in strategy_classes(settings.strategies).values()}, settings)
 
 
 def judge(session: GateSession, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:

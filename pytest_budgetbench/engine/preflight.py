@@ -29,6 +29,7 @@ from pytest_budgetbench.errors import (
     TokenizerError,
     first_missing,
 )
+from pytest_budgetbench.reports.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
 from pytest_budgetbench.settings.cells import Cell, split_reference
 from pytest_budgetbench.settings.config import Settings
 
@@ -157,15 +158,14 @@ def _check_gates_judge_something(settings: Settings,
     (every strategy a reference, none given its own floor) would pass having judged
     nothing."""
     references = {cls.name: bool(cls.reference) for cls in strategies.values()}
+    kinds = {gate.kind for gate in gate_specs(references, settings)}
     names = ", ".join(references)
-    if settings.max_violation_rate is not None and all(references.values()):
+    if settings.max_violation_rate is not None and VIOLATION_GATE not in kinds:
         raise ConfigError(
             f"--budgetbench-max-violation-rate={settings.max_violation_rate:g} judges "
             f"nothing: every strategy of the sweep ({names}) is a reference, which may go "
             "over budget; add the strategies the gate is for")
-    if settings.min_retention and all(
-            settings.retention_floor(name, budget, reference) is None
-            for name, reference in references.items() for budget in settings.budgets):
+    if settings.min_retention and RETENTION_GATE not in kinds:
         example = f"{next(iter(references))}@{settings.budgets[-1]}=0.9"
         raise ConfigError(
             f"--budgetbench-min-retention judges nothing: every strategy of the sweep "

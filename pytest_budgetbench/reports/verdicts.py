@@ -4,9 +4,9 @@ violation rate, the regression rules)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # -- gates: a verdict over every cell of one strategy@budget ---------------------------
 VIOLATION_GATE = "violation-rate"
@@ -107,21 +107,42 @@ class GateVerdict:
                    data.get("retention"), tuple(data.get("notes") or ()))
 
 
-def gate_specs(
-    strategies: dict[str, bool], budgets: tuple[int, ...], *, violation: bool, regression: bool,
-    retention_floor: Callable[[str, int, bool], float | None] | None = None,
-) -> list[GateSpec]:
-    """The gates a sweep asked for. ``strategies`` maps each strategy's name to whether it
-    is a reference (references may overflow, so no violation-rate gate judges them);
-    ``retention_floor`` gives a strategy@budget's floor, None where it has none."""
+class GateSettings(Protocol):
+    """What :func:`gate_specs` reads of a sweep's settings
+    (:class:`~pytest_budgetbench.settings.config.Settings` is one)."""
+
+    @property
+    def budgets(self) -> tuple[int, ...]: ...
+
+    @property
+    def max_violation_rate(self) -> float | None: ...
+
+    @property
+    def baseline(self) -> str | None: ...
+
+    @property
+    def max_regression(self) -> float | None: ...
+
+    @property
+    def min_retention(self) -> Mapping[str, float] | None: ...
+
+    def retention_floor(self, strategy: str, budget: int, reference: bool) -> float | None: ...
+
+
+def gate_specs(strategies: Mapping[str, bool], settings: GateSettings) -> list[GateSpec]:
+    """The gates a sweep's settings ask for. ``strategies`` maps each strategy's name to
+    whether it is a reference (references may overflow, so no violation-rate gate judges
+    them; a reference has a retention floor only when one is named for it)."""
+    violation = settings.max_violation_rate is not None
+    regression = settings.baseline is not None and settings.max_regression is not None
     specs = []
-    for budget in budgets:
+    for budget in settings.budgets:
         for name, reference in strategies.items():
             if violation and not reference:
                 specs.append(GateSpec(VIOLATION_GATE, name, budget))
             if regression:
                 specs.append(GateSpec(REGRESSION_GATE, name, budget))
-            if retention_floor is not None and retention_floor(name, budget, reference) \
+            if settings.min_retention and settings.retention_floor(name, budget, reference) \
                     is not None:
                 specs.append(GateSpec(RETENTION_GATE, name, budget))
     return specs
