@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, request_key
+from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, once, request_key
 from pytest_budgetbench.model.chat import ChatModel, Completion, RequestSlots
 from tests.fake_openai import FakeOpenAI
 
@@ -166,6 +166,35 @@ def test_processes_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_pa
     outputs = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert outputs == ["False", "True", "True"]
     assert len(fake.requests) == 1
+
+
+def test_a_reply_stored_between_a_miss_and_the_claim_is_served_not_sent_again(
+        tmp_path: Path) -> None:
+    """Another process may store the reply and let go of its claim after this one's lookup
+    missed and before its claim: the claim then succeeds, and the reply must still not be
+    asked for again (seen in CI on a loaded machine: two of three processes sent it)."""
+    waiter = _InterleavedStore(tmp_path / "r.sqlite", run_id="r")
+    sender = ResponseStore(tmp_path / "r.sqlite", run_id="r")
+    reply = Completion(text="hi", prompt_tokens=1, completion_tokens=1, latency_s=0.1)
+
+    def sender_sends() -> None:
+        def send() -> None:
+            assert sender.claim("k")
+            sender.store("k", reply)
+        thread = threading.Thread(target=send)
+        thread.start()
+        thread.join()
+
+    made: list[str] = []
+
+    def make() -> Completion:
+        made.append("k")
+        return reply
+
+    waiter.before_begin = sender_sends  # the claim's transaction is the first after the miss
+    served = once(waiter, "k", make)
+    assert made == [] and served.cached and served.text == "hi"
+    assert waiter._db().execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
 
 
 def test_a_claim_left_by_a_killed_process_is_taken_over(fake: FakeOpenAI, tmp_path: Path) -> None:

@@ -830,7 +830,14 @@ def once(store: ResponseStore, key: str, make: Callable[[], Completion],
         if found is not None:
             return found
         if store.claim(key):
-            break
+            # Another may have stored it and let go of its claim between our lookup and our
+            # claim (a process descheduled there on a busy machine sent it twice): a store
+            # commits the reply with the claim's release, so looking once more settles it.
+            found = store.lookup(key)
+            if found is None:
+                break
+            store.release(key)
+            return found
         time.sleep(delay)  # someone else is making this very answer
         delay = min(delay * 2, 1.0)
     try:
