@@ -17,12 +17,16 @@ tokens it does not share with the previous call of its episode (``counted_tokens
 prefix_tokens``) at the prefill rate, plus its output tokens at the decode rate; and the
 ratio of the sweep's wall time (``--wall``, as pytest printed it) to that limit.
 
-Beside it, the server's own account: the prompt-eval and eval times llama.cpp logs for each
-request in the run's ``server.log``, summed, and the wall time over that. It needs no
-separate rate measurement, which moves with the machine's state (71 to 100 tokens/s of
-prefill on this machine, an hour apart), and it counts what short-prompt rates leave out:
-prefill and decode slow down as the context grows (BFCL's 5k-token prompts decode at
-about 14 tokens/s, a short one at 23 to 29).
+Beside it, two measures that need no separate rate measurement (which moves with the
+machine's state: 61 to 112 tokens/s of prefill on this machine within a day) and that
+count what cold-prompt rates leave out (prefill and decode slow down as the context grows:
+BFCL's 5k-token prompts decode at about 14 tokens/s, a short one at 20 to 29), both read
+from the per-request timings llama.cpp logs in the run's ``server.log``:
+
+- the same limit at the run's own rates, the prompt and output tokens a second the server
+  logged over the run's requests;
+- the server's own account, its prompt-eval and eval seconds summed, and the wall time
+  over that (what the harness adds to the model's own time).
 
 Goal (issue 33): at most 1.3. Measure on a quiet machine (load < 1): nothing else running.
 """
@@ -37,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_budgetbench.embedded.models import DEFAULT_MODEL, embedded_model
@@ -122,22 +127,43 @@ def measure_rates(model_name: str) -> tuple[float, float]:
             server.stop()
 
 
-SERVER_TIMING = re.compile(r"llama_perf_context_print:\s+(?:prompt )?eval time =\s+([\d.]+) ms")
+SERVER_TIMING = re.compile(r"llama_perf_context_print:\s+(prompt eval|eval) time =\s+([\d.]+) ms"
+                           r" /\s+(\d+) (?:tokens|runs)")
 
 
-SERVER_PROMPT = re.compile(r"prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
+@dataclass
+class ServerAccount:
+    """The embedded server's own account of a run, from the timings it logs per request."""
+
+    prompt_s: float
+    prompt_tokens: int
+    """Prompt tokens it evaluated, i.e. did not reuse from its last prompt."""
+    eval_s: float
+    eval_tokens: int
+
+    @property
+    def seconds(self) -> float:
+        return self.prompt_s + self.eval_s
+
+    @property
+    def rates(self) -> tuple[float, float]:
+        """(prefill, decode) tokens a second over the run's own requests."""
+        return self.prompt_tokens / self.prompt_s, self.eval_tokens / self.eval_s
 
 
-def server_account(run_dir: Path) -> tuple[float, int] | None:
-    """The embedded server's own account of the run, from the timings it logs per request:
-    (seconds of prompt eval and eval, prompt tokens it evaluated, i.e. did not reuse from
-    its last prompt). None: no server log, as for an endpoint of your own."""
+def server_account(run_dir: Path) -> ServerAccount | None:
+    """None: no server log (an endpoint of your own), or one without timings."""
     path = RunStore(run_dir).server_log_path
     if not path.is_file():
         return None
-    text = path.read_text(errors="replace")
-    return (sum(float(ms) for ms in SERVER_TIMING.findall(text)) / 1000,
-            sum(int(tokens) for tokens in SERVER_PROMPT.findall(text)))
+    totals = {"prompt eval": [0.0, 0], "eval": [0.0, 0]}
+    for kind, ms, tokens in SERVER_TIMING.findall(path.read_text(errors="replace")):
+        totals[kind][0] += float(ms) / 1000
+        totals[kind][1] += int(tokens)
+    (prompt_s, prompt_tokens), (eval_s, eval_tokens) = totals["prompt eval"], totals["eval"]
+    if not prompt_s or not eval_s:
+        return None
+    return ServerAccount(prompt_s, int(prompt_tokens), eval_s, int(eval_tokens))
 
 
 def main() -> None:
@@ -163,7 +189,7 @@ def main() -> None:
         prefill_rate, decode_rate = measure_rates(args.model)
         print(f"prefill {prefill_rate:.0f} tokens/s, decode {decode_rate:.1f} tokens/s "
               f"(medians of {REPEATS})")
-        ratios, over_server = [], []
+        ratios, over_own_rates, over_server = [], [], []
         for run_dir, wall in runs:
             seconds, calls, unshared, output = limit(run_dir, prefill_rate, decode_rate)
             ratios.append(wall / seconds)
@@ -171,18 +197,22 @@ def main() -> None:
                   f"episode's previous call, {output} output tokens; physical limit "
                   f"{seconds:.0f} s; wall {wall:.0f} s; wall / limit {ratios[-1]:.2f}")
             account = server_account(run_dir)
-            if account and account[0]:
-                computed, evaluated = account
-                over_server.append(wall / computed)
-                print(f"  the server's own timings: {computed:.0f} s of prompt eval and "
-                      f"eval ({evaluated} prompt tokens evaluated); "
-                      f"wall / server {over_server[-1]:.2f}")
-    print(f"load average at end {os.getloadavg()[0]:.2f}; wall / limit, median of "
-          f"{len(ratios)}: {statistics.median(ratios):.2f} (goal <= 1.3)")
+            if account is None:
+                continue
+            own_seconds = limit(run_dir, *account.rates)[0]
+            over_own_rates.append(wall / own_seconds)
+            over_server.append(wall / account.seconds)
+            print(f"  at the run's own rates (its server log: prefill {account.rates[0]:.0f}, "
+                  f"decode {account.rates[1]:.1f} tokens/s): physical limit "
+                  f"{own_seconds:.0f} s; wall / limit {over_own_rates[-1]:.2f}")
+            print(f"  the server's own timings: {account.seconds:.0f} s of prompt eval and "
+                  f"eval ({account.prompt_tokens} prompt tokens evaluated); "
+                  f"wall / server {over_server[-1]:.2f}")
+    print(f"load average at end {os.getloadavg()[0]:.2f}; medians of {len(ratios)} (goal <= 1.3):")
+    print(f"  wall / limit at the measured rates: {statistics.median(ratios):.2f}")
     if over_server:
-        print(f"wall / the server's own timings, median of {len(over_server)}: "
-              f"{statistics.median(over_server):.2f}")
-
+        print(f"  wall / limit at the run's own rates: {statistics.median(over_own_rates):.2f}")
+        print(f"  wall / the server's own timings: {statistics.median(over_server):.2f}")
 
 if __name__ == "__main__":
     main()
