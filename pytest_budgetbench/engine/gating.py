@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict, gate_specs
-from pytest_budgetbench.strategies import strategy_classes
+from pytest_budgetbench.strategies import reference_flags, strategy_classes
 
 if TYPE_CHECKING:
     from pytest_budgetbench.records.store import RunStore
@@ -47,8 +47,7 @@ class GateSession(Protocol):
 
 def sweep_gates(settings: Settings) -> list[GateSpec]:
     """The gate items the sweep asked for, one per kind and strategy@budget."""
-    return gate_specs({cls.name: bool(cls.reference)
-                       for cls in strategy_classes(settings.strategies).values()}, settings)
+    return gate_specs(reference_flags(strategy_classes(settings.strategies)), settings)
 
 
 def judge(session: GateSession, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:

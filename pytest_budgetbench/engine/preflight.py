@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 def check_settings(settings: Settings) -> None:
     """Names, options and paths, from the settings alone; a ConfigError names the value."""
     from pytest_budgetbench.engine.declared import check_options
-    from pytest_budgetbench.strategies import strategy_classes
+    from pytest_budgetbench.strategies import reference_flags, strategy_classes
     from pytest_budgetbench.tasks import sweep_tasks
 
     strategies = strategy_classes(settings.strategies)
@@ -51,7 +51,7 @@ def check_settings(settings: Settings) -> None:
     check_extras(settings, strategies, tasks)
     check_options(settings, tasks.values(), strategies.values())
     _check_reference(settings, {cls.name for cls in strategies.values()})
-    _check_gates_judge_something(settings, strategies)
+    _check_gates_judge_something(settings, reference_flags(strategies))
     _check_grader_variants(settings, tasks)
     _check_data_flags(settings, tasks)
     _check_out_dir(Path(settings.out))
@@ -152,12 +152,10 @@ def _check_reference(settings: Settings, strategies: set[str]) -> None:
         )
 
 
-def _check_gates_judge_something(settings: Settings,
-                                 strategies: Mapping[str, type[Strategy]]) -> None:
+def _check_gates_judge_something(settings: Settings, references: Mapping[str, bool]) -> None:
     """A violation-rate or retention gate that no strategy@budget of the sweep falls under
     (every strategy a reference, none given its own floor) would pass having judged
     nothing."""
-    references = {cls.name: bool(cls.reference) for cls in strategies.values()}
     kinds = {gate.kind for gate in gate_specs(references, settings)}
     names = ", ".join(references)
     if settings.max_violation_rate is not None and VIOLATION_GATE not in kinds:

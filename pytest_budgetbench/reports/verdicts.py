@@ -123,9 +123,6 @@ class GateSettings(Protocol):
     @property
     def max_regression(self) -> float | None: ...
 
-    @property
-    def min_retention(self) -> Mapping[str, float] | None: ...
-
     def retention_floor(self, strategy: str, budget: int, reference: bool) -> float | None: ...
 
 
@@ -142,7 +139,6 @@ def gate_specs(strategies: Mapping[str, bool], settings: GateSettings) -> list[G
                 specs.append(GateSpec(VIOLATION_GATE, name, budget))
             if regression:
                 specs.append(GateSpec(REGRESSION_GATE, name, budget))
-            if settings.min_retention and settings.retention_floor(name, budget, reference) \
-                    is not None:
+            if settings.retention_floor(name, budget, reference) is not None:
                 specs.append(GateSpec(RETENTION_GATE, name, budget))
     return specs

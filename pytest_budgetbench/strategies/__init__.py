@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.settings.cells import clean_part
@@ -96,6 +96,12 @@ def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
             )
         classes[spec], spec_of[name] = cls, spec
     return classes
+
+
+def reference_flags(classes: Mapping[str, type[Strategy]]) -> dict[str, bool]:
+    """Each strategy's name and whether it is a reference, in order: what decides which
+    gates judge it (:func:`~pytest_budgetbench.reports.verdicts.gate_specs`)."""
+    return {cls.name: bool(cls.reference) for cls in classes.values()}
 
 
 def load_strategy(spec: str) -> Strategy:
