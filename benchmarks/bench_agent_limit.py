@@ -80,8 +80,22 @@ def rates(chat: ChatModel) -> tuple[float, float]:
     return statistics.median(prefill), statistics.median(decode)
 
 
-def limit(run_dir: Path, prefill_rate: float, decode_rate: float) -> tuple[float, int, int, int]:
-    """(seconds, calls sent, unshared prompt tokens, output tokens) of the run's episodes."""
+@dataclass
+class SentTokens:
+    """What the physical limit counts of a run's episodes: the calls it sent (the response
+    cache answered none of them), the prompt tokens each did not share with its episode's
+    previous call, and their output tokens."""
+
+    calls: int
+    unshared: int
+    output: int
+
+    def seconds(self, prefill_rate: float, decode_rate: float) -> float:
+        """The physical limit at these rates (tokens a second)."""
+        return self.unshared / prefill_rate + self.output / decode_rate
+
+
+def sent_tokens(run_dir: Path) -> SentTokens:
     calls = unshared = output = 0
     for episode in RunStore(run_dir).episodes().values():
         for call in episode.calls:
@@ -90,7 +104,7 @@ def limit(run_dir: Path, prefill_rate: float, decode_rate: float) -> tuple[float
             calls += 1
             unshared += call.counted_tokens - (call.prefix_tokens or 0)
             output += call.output_tokens or 0
-    return unshared / prefill_rate + output / decode_rate, calls, unshared, output
+    return SentTokens(calls, unshared, output)
 
 
 SWEEP = ("--budgetbench-tasks=agent_lookup", "--budgetbench-episodes=teacher-forced",
@@ -156,14 +170,15 @@ def server_account(run_dir: Path) -> ServerAccount | None:
     path = RunStore(run_dir).server_log_path
     if not path.is_file():
         return None
-    totals = {"prompt eval": [0.0, 0], "eval": [0.0, 0]}
-    for kind, ms, tokens in SERVER_TIMING.findall(path.read_text(errors="replace")):
-        totals[kind][0] += float(ms) / 1000
-        totals[kind][1] += int(tokens)
-    (prompt_s, prompt_tokens), (eval_s, eval_tokens) = totals["prompt eval"], totals["eval"]
-    if not prompt_s or not eval_s:
+    seconds = {"prompt eval": 0.0, "eval": 0.0}
+    tokens = {"prompt eval": 0, "eval": 0}
+    for kind, ms, count in SERVER_TIMING.findall(path.read_text(errors="replace")):
+        seconds[kind] += float(ms) / 1000
+        tokens[kind] += int(count)
+    if not seconds["prompt eval"] or not seconds["eval"]:
         return None
-    return ServerAccount(prompt_s, int(prompt_tokens), eval_s, int(eval_tokens))
+    return ServerAccount(seconds["prompt eval"], tokens["prompt eval"], seconds["eval"],
+                         tokens["eval"])
 
 
 def main() -> None:
@@ -191,19 +206,21 @@ def main() -> None:
               f"(medians of {REPEATS})")
         ratios, over_own_rates, over_server = [], [], []
         for run_dir, wall in runs:
-            seconds, calls, unshared, output = limit(run_dir, prefill_rate, decode_rate)
+            sent = sent_tokens(run_dir)
+            seconds = sent.seconds(prefill_rate, decode_rate)
             ratios.append(wall / seconds)
-            print(f"{calls} calls sent: {unshared} prompt tokens not shared with the "
-                  f"episode's previous call, {output} output tokens; physical limit "
+            print(f"{sent.calls} calls sent: {sent.unshared} prompt tokens not shared with the "
+                  f"episode's previous call, {sent.output} output tokens; physical limit "
                   f"{seconds:.0f} s; wall {wall:.0f} s; wall / limit {ratios[-1]:.2f}")
             account = server_account(run_dir)
             if account is None:
                 continue
-            own_seconds = limit(run_dir, *account.rates)[0]
+            own_prefill, own_decode = account.rates
+            own_seconds = sent.seconds(own_prefill, own_decode)
             over_own_rates.append(wall / own_seconds)
             over_server.append(wall / account.seconds)
-            print(f"  at the run's own rates (its server log: prefill {account.rates[0]:.0f}, "
-                  f"decode {account.rates[1]:.1f} tokens/s): physical limit "
+            print(f"  at the run's own rates (its server log: prefill {own_prefill:.0f}, "
+                  f"decode {own_decode:.1f} tokens/s): physical limit "
                   f"{own_seconds:.0f} s; wall / limit {over_own_rates[-1]:.2f}")
             print(f"  the server's own timings: {account.seconds:.0f} s of prompt eval and "
                   f"eval ({account.prompt_tokens} prompt tokens evaluated); "
@@ -213,6 +230,7 @@ def main() -> None:
     if over_server:
         print(f"  wall / limit at the run's own rates: {statistics.median(over_own_rates):.2f}")
         print(f"  wall / the server's own timings: {statistics.median(over_server):.2f}")
+
 
 if __name__ == "__main__":
     main()
