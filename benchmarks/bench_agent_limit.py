@@ -44,8 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_budgetbench.embedded.models import DEFAULT_MODEL, embedded_model
-from pytest_budgetbench.embedded.process import EmbeddedServer
+from pytest_budgetbench.embedded_server.models import DEFAULT_MODEL, embedded_model
+from pytest_budgetbench.embedded_server.process import EmbeddedServer
 from pytest_budgetbench.model.chat import ChatModel
 from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.tasks.needle import filler_sentence

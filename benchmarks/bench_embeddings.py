@@ -39,7 +39,7 @@ from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.strategies._chunking import ADAPTIVE_BASE, chunk_history
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 
 DATA = Path("/work/shared/data")
 LONGBENCH = DATA / "longbench_v2" / "longbench_v2_dev12.json"

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_budgetbench.embedded.models import embedded_gguf_path  # noqa: E402
+from pytest_budgetbench.embedded_server.models import embedded_gguf_path  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 
 STRATEGIES = ("full_context", "truncation", "rag", "lean_retrieval", "checkpoint_context",
@@ -46,7 +46,7 @@ SECTIONS = ("counting", "per-cell", "scaling")
 LAUNCHER = """\
 import functools, resource, sys, time
 import pytest
-from pytest_budgetbench.tokens import counters as budget
+from pytest_budgetbench.tokens import base as budget
 
 spent = [0.0]
 depth = [0]

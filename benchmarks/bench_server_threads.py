@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_budgetbench.embedded.models import embedded_model
-from pytest_budgetbench.embedded.process import EmbeddedServer
+from pytest_budgetbench.embedded_server.models import embedded_model
+from pytest_budgetbench.embedded_server.process import EmbeddedServer
 
 BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
 SENTENCE = "Sentence {n}: the river runs past the old mill and the miller counts his sacks. "

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.embedded.models import embedded_gguf_path
+from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
+from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 from pytest_budgetbench.embeddings import (
     DEFAULT_BACKEND,
     DEFAULT_MODEL,
@@ -55,7 +56,6 @@ from pytest_budgetbench.embeddings import (
     resolve_model_path,
 )
 from pytest_budgetbench.messages import Message, split_ends, text_of
-from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies._chunking import ADAPTIVE_BASE, chunk_history, piece_text
 from pytest_budgetbench.strategies._packing import history_room, query_text
@@ -64,7 +64,8 @@ from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.locomo import LoCoMoTask
 from pytest_budgetbench.tasks.memory import MemoryTask
-from pytest_budgetbench.tokens.counters import GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 
 STRATEGIES = ("truncation", "rag", "lean_retrieval", "checkpoint_context", "compression",
               "summary_buffer")

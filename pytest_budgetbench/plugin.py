@@ -6,7 +6,7 @@ collector joins the collection tree (:mod:`pytest_budgetbench.pytest_face.collec
 test per task item x strategy x budget and one per gate, and the work goes to the run object.
 
 This module holds the hooks, the fixtures and the option registration; what they do is in
-the modules that own it: :mod:`~pytest_budgetbench.engine.arguments` (options and settings),
+the modules that own it: :mod:`~pytest_budgetbench.pytest_face.arguments` (options and settings),
 :mod:`~pytest_budgetbench.pytest_face.collect` (items),
 :mod:`~pytest_budgetbench.pytest_face.sweep_tests` (the cells' and gates' tests),
 :mod:`~pytest_budgetbench.pytest_face.progress` and :mod:`~pytest_budgetbench.pytest_face.summary`
@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench.engine.arguments import (
-    add_options,
-    declared_flags,
-    narrow_benchmark_table,
-    settings_of,
-)
 from pytest_budgetbench.engine.session import SESSION_KEY
 from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.options import Option
 from pytest_budgetbench.pytest_face import nodeids
 from pytest_budgetbench.pytest_face import xdist as distributed
+from pytest_budgetbench.pytest_face.arguments import (
+    add_options,
+    declared_flags,
+    narrow_benchmark_table,
+    settings_of,
+)
 from pytest_budgetbench.pytest_face.collect import (
     cells_of,
     in_sweep,
@@ -47,7 +47,6 @@ from pytest_budgetbench.pytest_face.sweep_tests import (
     run_budget_cell,
 )
 from pytest_budgetbench.redact import redact
-from pytest_budgetbench.settings import workers
 from pytest_budgetbench.settings.config import OPTIONS
 
 __all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
@@ -59,8 +58,8 @@ if TYPE_CHECKING:
     from pytest_budgetbench.engine.runner import CellResult
     from pytest_budgetbench.engine.session import BudgetBenchSession
     from pytest_budgetbench.pytest_face.progress import SweepProgress
-    from pytest_budgetbench.reports.verdicts import GateVerdict
-    from pytest_budgetbench.settings.cells import Cell
+    from pytest_budgetbench.reports.gates.verdicts import GateVerdict
+    from pytest_budgetbench.sweep.cells import Cell
 
 
 _registered: list[Option] = []
@@ -94,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_budgetbench.engine.session import BudgetBenchSession
 
     try:
-        session = BudgetBenchSession(settings, worker_state=workers.worker_state(config))
+        session = BudgetBenchSession(settings, worker_state=distributed.worker_state(config))
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
     config.stash[SESSION_KEY] = session
@@ -279,7 +278,7 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     session: BudgetBenchSession = request.config.stash[SESSION_KEY]
     spec = request.param
     elsewhere: set[str] = set()
-    if workers.is_worker(request.config):
+    if distributed.is_worker(request.config):
         # Under xdist the selected cells run on every worker; wait for their rows.
         elsewhere = {c.cell_id for c in cells_of(request.session.items)}
     return judge_gate(request, session, spec, elsewhere)

@@ -69,7 +69,8 @@ from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.strategies.plain import plain_strategy_class, wrap_instance
-from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 
 class EchoAuxModel:

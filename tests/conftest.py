@@ -8,7 +8,7 @@ import httpx  # noqa: F401 - see below
 import numpy  # noqa: F401 - see below
 import pytest
 
-from pytest_budgetbench.tokens.counters import GGUFCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import load_gguf
 

@@ -1,7 +1,8 @@
 """A stand-in for ``python -m llama_cpp.server``, for tests of the embedded server's start.
 
 Loaded as a pytest plugin (``-p tests.fake_llama_server``, in every process of a sweep,
-xdist workers included), it makes :class:`~pytest_budgetbench.embedded.process.EmbeddedServer` run
+xdist workers included), it makes
+:class:`~pytest_budgetbench.embedded_server.process.EmbeddedServer` run
 this module instead of llama.cpp: the real class starts it (its environment, its death
 signal, its readiness wait), and no model or GGUF is needed (run with
 ``--budgetbench-tokenizer=approx``). Run as a program, it is the fake server:
@@ -35,8 +36,9 @@ def starts(path: Path) -> list[dict[str, object]]:
 
 
 def fake_server_class() -> type:
-    """:class:`~pytest_budgetbench.embedded.process.EmbeddedServer`, running this fake instead."""
-    from pytest_budgetbench.embedded import process
+    """:class:`~pytest_budgetbench.embedded_server.process.EmbeddedServer`, running this fake
+    instead."""
+    from pytest_budgetbench.embedded_server import process
 
     class FakeLlamaServer(process.EmbeddedServer):
         def command(self) -> list[str]:
@@ -50,7 +52,7 @@ def fake_server_class() -> type:
 
 def pytest_configure() -> None:
     """As a plugin: every embedded server of this process is the fake."""
-    from pytest_budgetbench.embedded import models, process
+    from pytest_budgetbench.embedded_server import models, process
 
     process.EmbeddedServer = fake_server_class()  # type: ignore[misc]
     models.gguf_path = lambda _model: FAKE_GGUF
@@ -66,7 +68,7 @@ def main() -> None:
     if os.environ.get(FAIL):
         print(os.environ[FAIL], flush=True)
         sys.exit(3)
-    from pytest_budgetbench.embedded.models import embedded_model
+    from pytest_budgetbench.embedded_server.models import embedded_model
     from tests.fake_openai import FakeOpenAI
 
     FakeOpenAI(model=embedded_model().alias, port=port).start()

@@ -56,7 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from pytest_budgetbench.messages import text_of, tool_calls_of
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 
 Responder = Callable[[list[dict[str, Any]]], "str | dict[str, Any]"]
 """The reply to a prompt: its text, or an assistant message's fields (``{"content": None,

@@ -18,7 +18,8 @@ from pytest_budgetbench.model.structured import Schema
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
 from pytest_budgetbench.tasks.base import Item, TaskOptions
 from pytest_budgetbench.tasks.memory import MemoryTask
-from pytest_budgetbench.tokens.counters import GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI, reading_responder
 
 
@@ -26,7 +27,7 @@ def load_gguf() -> GGUFCounter:
     """The small embedded model's (SmolLM2's) exact counter; skips the test when it is not
     available. Unit tests count with it: it ships in a package, so it is always there."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
     try:
         return GGUFCounter(embedded_gguf_path("smollm2"))
@@ -123,7 +124,7 @@ def run_with_aux(strategy: Strategy, messages: list[Message], budget: int,
     ``budget``, the approximate counter and the hashing embedder: the prompt, the aux
     model (its calls) and the context (``info``, ``aux_failures``)."""
     from pytest_budgetbench.testing import HashingEmbedder
-    from pytest_budgetbench.tokens.counters import ApproxCounter
+    from pytest_budgetbench.tokens.approximate import ApproxCounter
 
     tokens = ApproxCounter()
     aux = ScriptedAux(tokens, budget, reply)

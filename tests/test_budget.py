@@ -14,14 +14,12 @@ from pytest_budgetbench.engine.calls import BudgetCheck, CallOutcome, CallSite, 
 from pytest_budgetbench.errors import BudgetExceeded, EmbeddedServerError, TokenizerError
 from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.model.chat import Completion
-from pytest_budgetbench.tokens.counters import (
-    IMAGE_TOKENS,
-    ApproxCounter,
-    GGUFCounter,
-    HFCounter,
-    ServerCounter,
-    TokenCounter,
-)
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.content import IMAGE_TOKENS
+from pytest_budgetbench.tokens.gguf import GGUFCounter
+from pytest_budgetbench.tokens.huggingface import HFCounter
+from pytest_budgetbench.tokens.server import ServerCounter
 from tests.fake_openai import FakeOpenAI, returning_within
 
 
@@ -279,9 +277,10 @@ def test_hf_counter_missing_path_raises_naming_it(tmp_path: Path) -> None:
 def test_a_prompt_counted_whole_is_tokenized_once_however_often_it_is_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pytest_budgetbench.tokens import counters as budget
+    from pytest_budgetbench.tokens import base
+    from pytest_budgetbench.tokens.approximate import ApproxCounter
 
-    counter = budget.ApproxCounter()
+    counter = ApproxCounter()
     # The whole-prompt path, as for a template that is not additive (tests/test_framing.py).
     monkeypatch.setattr(counter, "verifies_additivity", False)
     calls: list[int] = []
@@ -292,7 +291,7 @@ def test_a_prompt_counted_whole_is_tokenized_once_however_often_it_is_counted(
         return original(messages)
 
     monkeypatch.setattr(counter, "_count_prompt", counting)
-    monkeypatch.setattr(budget, "PROMPT_CACHE_SIZE", 2)
+    monkeypatch.setattr(base, "PROMPT_CACHE_SIZE", 2)
     prompts = [[{"role": "user", "content": f"question {i}"}] for i in range(3)]
     first = counter.count_messages(prompts[0])
     assert counter.count_messages([dict(prompts[0][0])]) == first and len(calls) == 1
@@ -370,7 +369,7 @@ def test_loading_a_gguf_counter_prints_nothing_into_the_users_run(
     """llama.cpp warns on a vocabulary-only load (no training context) through a callback
     that prints to stderr even with verbose=False."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
     try:
         path = embedded_gguf_path("smollm2")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.cache.responses import CachingChatModel, ResponseStore, once, request_key
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, once, request_key
 from pytest_budgetbench.model.chat import ChatModel, Completion, RequestSlots
 from tests.fake_openai import FakeOpenAI
 
@@ -155,7 +155,7 @@ def test_processes_asking_the_same_request_send_it_once(fake: FakeOpenAI, tmp_pa
     store = str(tmp_path / "r.sqlite")
     script = (
         "from pathlib import Path\n"
-        "from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore\n"
+        "from pytest_budgetbench.cache.responses import CachingChatModel, ResponseStore\n"
         "from pytest_budgetbench.model.chat import ChatModel\n"
         f"chat = CachingChatModel(ChatModel({fake.base_url!r}, {fake.model!r}),\n"
         f"    ResponseStore(Path({store!r}), run_id='r'))\n"

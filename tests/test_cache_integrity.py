@@ -18,16 +18,11 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
+from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
+from pytest_budgetbench.cache.database import SharedDatabase
+from pytest_budgetbench.cache.responses import CACHE_FILE, CachingChatModel, ResponseStore
+from pytest_budgetbench.cache.vectors import STORE_FILE, VectorStore
 from pytest_budgetbench.errors import BudgetBenchError, CacheError
-from pytest_budgetbench.model.cache import (
-    CACHE_FILE,
-    COUNTS_FILE,
-    CachingChatModel,
-    CountDatabase,
-    ResponseStore,
-    SharedDatabase,
-)
 from pytest_budgetbench.model.chat import ChatModel, Completion
 from tests.fake_openai import FakeOpenAI
 

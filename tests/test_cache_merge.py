@@ -21,16 +21,12 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
+from pytest_budgetbench.cache.database import SharedDatabase
+from pytest_budgetbench.cache.responses import CACHE_FILE, ResponseStore
+from pytest_budgetbench.cache.vectors import STORE_FILE, VectorStore
 from pytest_budgetbench.commands.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAGE, main
-from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
 from pytest_budgetbench.model import digests
-from pytest_budgetbench.model.cache import (
-    CACHE_FILE,
-    COUNTS_FILE,
-    CountDatabase,
-    ResponseStore,
-    SharedDatabase,
-)
 from pytest_budgetbench.model.chat import Completion
 from tests.fake_openai import FakeOpenAI
 from tests.faults import make_read_only, read_only_prefix
@@ -109,7 +105,7 @@ def test_counts_merged_from_another_copy_of_the_gguf_are_read_and_nothing_is_cou
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Machine B's GGUF lies elsewhere and was written later: the counts still travel."""
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
     from tests.strategy_helpers import load_gguf
 
     load_gguf()  # skips where llama.cpp is missing

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.settings.cells import (
+from pytest_budgetbench.sweep.cells import (
     Cell,
     adjacent_prompt_starts,
     build_cells,

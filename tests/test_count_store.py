@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.messages import Message, text_of
-from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase
-from pytest_budgetbench.tokens.counters import COUNTS_PER_SAVE, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.base import COUNTS_PER_SAVE, TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import load_gguf
 
 
@@ -122,7 +123,7 @@ def test_gguf_counts_read_back_equal_the_tokenizer_and_skip_it(
 def test_a_rerun_of_a_sweep_reads_its_counts_from_beside_the_response_cache(
     pytester: pytest.Pytester, fake_endpoint: object, tmp_path: Path
 ) -> None:
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
     load_gguf()  # skips where llama.cpp is missing
     args = ["--budgets=256,1024", "--budgetbench-items=2",

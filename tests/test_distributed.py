@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_budgetbench.pytest_face import xdist as distributed
-from pytest_budgetbench.settings import workers
+from pytest_budgetbench.sweep.workers import worker_count
 
 pytest.importorskip("xdist")
 
@@ -17,11 +17,11 @@ def test_a_worker_reads_what_the_controller_handed_it() -> None:
     node = SimpleNamespace(workerinput={})
     distributed.hand_to_worker(node, {"run_dir": "/tmp/run"})
     worker = SimpleNamespace(workerinput=node.workerinput)
-    assert workers.worker_state(worker) == {"run_dir": "/tmp/run"}  # type: ignore[arg-type]
-    assert workers.is_worker(worker)  # type: ignore[arg-type]
+    assert distributed.worker_state(worker) == {"run_dir": "/tmp/run"}  # type: ignore[arg-type]
+    assert distributed.is_worker(worker)  # type: ignore[arg-type]
     controller = SimpleNamespace()
-    assert workers.worker_state(controller) is None  # type: ignore[arg-type]
-    assert not workers.is_worker(controller)  # type: ignore[arg-type]
+    assert distributed.worker_state(controller) is None  # type: ignore[arg-type]
+    assert not distributed.is_worker(controller)  # type: ignore[arg-type]
 
 
 def test_cells_go_out_by_group_and_gates_last_together(pytester: pytest.Pytester) -> None:
@@ -36,8 +36,6 @@ def test_cells_go_out_by_group_and_gates_last_together(pytester: pytest.Pytester
 
 def test_the_embedder_shares_the_cores_among_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_budgetbench.embeddings.backends import default_threads
-
-    worker_count = workers.worker_count
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)

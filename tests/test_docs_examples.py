@@ -159,3 +159,13 @@ def test_relative_links_reach_a_page_and_a_heading(page: Path) -> None:
         assert linked.exists(), f"{page.name}: link to {target}: no such file"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked), f"{page.name}: link to {target}: no such heading"
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """The README is the five-minute introduction (under 300 lines); the manual is the rest,
+    and its index lists every page of docs/."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) < 300
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    unlisted = [page.name for page in sorted((ROOT / "docs").glob("*.md"))
+                if page.name != "index.md" and f"]({page.name})" not in index]
+    assert not unlisted, f"docs/index.md does not list: {unlisted}"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.embedded import models as gguf_models
-from pytest_budgetbench.embedded import process
+from pytest_budgetbench.embedded_server import models as gguf_models
+from pytest_budgetbench.embedded_server import process
 from pytest_budgetbench.errors import EmbeddedServerError
 from tests import fake_llama_server
 

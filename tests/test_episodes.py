@@ -20,7 +20,7 @@ from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.messages import check_tool_pairs, text_of
 from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL, AgentLookupTask
-from pytest_budgetbench.tokens.counters import GGUFCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.test_plugin import rows_of, sweep_args
 
@@ -257,7 +257,7 @@ def test_a_strategy_that_does_not_handle_tool_calls_is_refused_before_any_cell(
 def qwen() -> GGUFCounter:
     """The default embedded model's counter (its template renders tool calls)."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.embedded.models import QWEN, model_dir
+    from pytest_budgetbench.embedded_server.models import QWEN, model_dir
 
     path = model_dir() / QWEN.file_name
     if not path.is_file():

@@ -11,8 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, HFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.framing import Case, verify_additivity
+from pytest_budgetbench.tokens.gguf import GGUFCounter
+from pytest_budgetbench.tokens.huggingface import HFCounter
 from tests import chat_templates
 from tests.strategy_helpers import load_gguf
 
@@ -79,7 +82,7 @@ def gguf() -> GGUFCounter:
 
 def with_template(template: str) -> GGUFCounter:
     """The embedded GGUF's vocabulary under another family's chat template."""
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
     load_gguf()  # skips where llama.cpp or the model is missing
     return GGUFCounter(embedded_gguf_path(), chat_template=template)

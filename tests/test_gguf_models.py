@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.embedded import models as gguf_models
-from pytest_budgetbench.embedded.models import EmbeddedModel, PartWheel
+from pytest_budgetbench.embedded_server import models as gguf_models
+from pytest_budgetbench.embedded_server.models import EmbeddedModel, PartWheel
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.embedded import models as gguf_models
+from pytest_budgetbench.embedded_server import models as gguf_models
 
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration
@@ -64,8 +64,8 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
 
 
 def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:
-    from pytest_budgetbench.embedded.models import SMOLLM2
-    from pytest_budgetbench.embedded.process import EmbeddedServer
+    from pytest_budgetbench.embedded_server.models import SMOLLM2
+    from pytest_budgetbench.embedded_server.process import EmbeddedServer
     from pytest_budgetbench.model.chat import probe_endpoint
 
     with socket.socket() as taken:
@@ -87,7 +87,7 @@ def test_the_default_model_counts_exactly_as_its_server(
 ) -> None:
     """Qwen2.5-Coder's template injects a system prompt when there is none: the runner's
     count must still be the server's."""
-    from pytest_budgetbench.embedded.models import MODEL_DIR_ENV, QWEN
+    from pytest_budgetbench.embedded_server.models import MODEL_DIR_ENV, QWEN
 
     if not (USER_MODEL_DIR / QWEN.file_name).is_file():
         pytest.skip("the default model is not fetched (budgetbench fetch-model)")

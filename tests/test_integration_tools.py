@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_budgetbench.embedded import models as gguf_models
+from pytest_budgetbench.embedded_server import models as gguf_models
 from pytest_budgetbench.messages import Message, Tool
 
 pytest.importorskip("llama_cpp")
@@ -73,10 +73,10 @@ PROMPTS: list[tuple[str, list[Message], list[Tool]]] = [
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     """The default model's server and its exact counter."""
-    from pytest_budgetbench.embedded.models import QWEN
-    from pytest_budgetbench.embedded.process import EmbeddedServer
+    from pytest_budgetbench.embedded_server.models import QWEN
+    from pytest_budgetbench.embedded_server.process import EmbeddedServer
     from pytest_budgetbench.model.chat import ChatModel
-    from pytest_budgetbench.tokens.counters import GGUFCounter
+    from pytest_budgetbench.tokens.gguf import GGUFCounter
 
     if not (gguf_models.model_dir() / QWEN.file_name).is_file():
         pytest.skip("the default model is not fetched (budgetbench fetch-model)")
@@ -95,7 +95,7 @@ def test_the_embedded_server_renders_earlier_calls_arguments_as_objects(
 ) -> None:
     """As vLLM does: the template writes the arguments object, not an escaped string (whose
     count differs, so the server's count tells which it rendered)."""
-    from pytest_budgetbench.tokens.counters import GGUFCounter
+    from pytest_budgetbench.tokens.gguf import GGUFCounter
 
     counter, chat = qwen
     messages = [ASK, CALLS_ONLY, RESULT_1]

@@ -21,9 +21,9 @@ ROOT = Path(pytest_budgetbench.__file__).parent
 # Lowest first, a package per layer: what a cell passes through, from the bottom up. A
 # module's layer is that of the longest prefix listed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("messages", "errors", "redact", "lexicon", "options", "canonical"),
-    ("settings", "records"),
-    ("model", "tokens", "embedded", "embeddings"),
+    ("messages", "errors", "redact", "lexicon", "options", "canonical", "registry"),
+    ("sweep", "settings", "records"),
+    ("model", "cache", "tokens", "embedded_server", "embeddings"),
     ("tasks", "strategies", "reports"),
     # testing holds its stand-in auxiliary model to the budget through engine.calls.
     ("engine", "testing"),
@@ -227,6 +227,25 @@ def test_the_checker_sees_a_cycle_through_type_checking(
     assert _cycle() is not None
 
 
-@pytest.mark.parametrize("module", ["plugin", "engine.runner", "tokens.counters"])
+@pytest.mark.parametrize("module", ["plugin", "engine.runner", "tokens.gguf", "sweep.cells",
+                                    "cache.responses", "reports.gates.items"])
 def test_known_modules_are_placed(module: str) -> None:
     assert layer_of(module) >= 0
+
+
+def test_every_module_opens_with_its_job() -> None:
+    """A newcomer's map: each module's docstring opens with the one job it does."""
+    silent = [module_name(path) or PACKAGE for path in sorted(ROOT.rglob("*.py"))
+              if not (ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "")
+              .strip().splitlines()[:1]]
+    assert not silent, f"open these modules with a docstring that says their job: {silent}"
+
+
+def test_every_package_is_on_the_architecture_map() -> None:
+    """docs/architecture.md names each package with its sentence, so the map and the tree
+    cannot drift apart."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = sorted(module_name(path.parent) for path in ROOT.rglob("__init__.py")
+                      if path.parent != ROOT)
+    missing = [name for name in packages if f"{name.replace('.', '/')}/" not in page]
+    assert not missing, f"docs/architecture.md does not name: {missing}"

@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_budgetbench.embedded import models as gguf_models
-from pytest_budgetbench.embedded import process
-from pytest_budgetbench.embedded.launcher import LaunchService, RemoteLauncher, ServerLauncher
+from pytest_budgetbench.embedded_server import models as gguf_models
+from pytest_budgetbench.embedded_server import process
+from pytest_budgetbench.embedded_server.launcher import (
+    LaunchService,
+    RemoteLauncher,
+    ServerLauncher,
+)
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.model.endpoint import Endpoint
 from tests import fake_llama_server

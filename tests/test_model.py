@@ -257,7 +257,7 @@ def test_a_server_started_by_a_sweep_dies_with_it_even_on_sigkill() -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, time\n"
-         "from pytest_budgetbench.embedded.process import _die_with_parent\n"
+         "from pytest_budgetbench.embedded_server.process import _die_with_parent\n"
          "child = subprocess.Popen(['sleep', '60'], preexec_fn=_die_with_parent)\n"
          "print(child.pid, flush=True)\n"
          "time.sleep(60)\n"],

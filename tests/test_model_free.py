@@ -63,7 +63,7 @@ def policy(pytester: pytest.Pytester) -> pytest.Pytester:
 def default_model_dir() -> Path:
     """Where the default embedded model's GGUF is (found before pytester moves HOME)."""
     pytest.importorskip("llama_cpp")
-    from pytest_budgetbench.embedded.models import QWEN, model_dir
+    from pytest_budgetbench.embedded_server.models import QWEN, model_dir
 
     if not (model_dir() / QWEN.file_name).is_file():
         pytest.skip("the default model is not fetched (budgetbench fetch-model)")
@@ -77,7 +77,7 @@ def test_the_default_sweep_model_free_counts_exactly_and_shows_what_truncation_l
     """The README's sweep with --budgetbench-model=none: the embedded model's GGUF counts
     (exact), no server starts, no row is sent or graded, and retention shows what the
     model's answers show (full_context@8192 keeps the planted fact, truncation@2048 not)."""
-    from pytest_budgetbench.embedded.models import MODEL_DIR_ENV
+    from pytest_budgetbench.embedded_server.models import MODEL_DIR_ENV
 
     monkeypatch.setenv(MODEL_DIR_ENV, str(default_model_dir))
     result = pytester.runpytest(*model_free_args(tmp_path, "--budgets=2048,8192"))

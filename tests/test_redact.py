@@ -26,7 +26,7 @@ from pytest_budgetbench.redact import (
     register_url,
     split_query,
 )
-from pytest_budgetbench.tokens.counters import ServerCounter
+from pytest_budgetbench.tokens.server import ServerCounter
 from tests.fake_openai import FakeOpenAI
 
 KEY = "sk-plantedKEYabcdef123456"

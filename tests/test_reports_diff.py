@@ -223,7 +223,7 @@ def test_fail_on_regression_uses_the_regression_gates_rule() -> None:
     import pandas as pd
 
     from pytest_budgetbench.reports.diff import RunDiff
-    from pytest_budgetbench.reports.verdicts import quality_regressed
+    from pytest_budgetbench.reports.gates.verdicts import quality_regressed
 
     # Mean fell by 0.3, more than 0.1, and the interval excludes zero: the plugin's gate
     # fails it, so diff must too (it judged only the upper bound against -0.1 before).

@@ -14,9 +14,9 @@ from pytest_budgetbench.reports import (
     regression_gate,
     violation_gate,
 )
-from pytest_budgetbench.reports.gates import regression_findings
+from pytest_budgetbench.reports.gates.judging import regression_findings
+from pytest_budgetbench.reports.gates.verdicts import HARM, NONINFERIORITY
 from pytest_budgetbench.reports.synthetic import make_row, write_run
-from pytest_budgetbench.reports.verdicts import HARM, NONINFERIORITY
 
 pytest.importorskip("pandas")
 
@@ -221,7 +221,7 @@ def test_gate_verdict_carries_its_numbers_and_the_report_is_computed_without_wri
     tmp_path: Path,
 ) -> None:
     from pytest_budgetbench.reports import compute_report, gate_verdict, write_report
-    from pytest_budgetbench.reports.verdicts import VIOLATION_GATE, GateSpec
+    from pytest_budgetbench.reports.gates.verdicts import VIOLATION_GATE, GateSpec
 
     run = write_run(tmp_path / "run", run_rows(trunc_violations=4))
     report = compute_report([run], tmp_path / "out", resamples=200)
@@ -236,7 +236,7 @@ def test_gate_verdict_carries_its_numbers_and_the_report_is_computed_without_wri
 
 def test_a_regression_verdict_keeps_its_largest_fall_and_interval(tmp_path: Path) -> None:
     from pytest_budgetbench.reports import gate_verdict
-    from pytest_budgetbench.reports.verdicts import REGRESSION_GATE, GateSpec
+    from pytest_budgetbench.reports.gates.verdicts import REGRESSION_GATE, GateSpec
 
     baseline = report_of(tmp_path, "base", run_rows(quality=lambda i: 1.0))
     current = report_of(tmp_path, "now", run_rows(quality=lambda i: float(i % 2)))
@@ -249,8 +249,8 @@ def test_a_regression_verdict_keeps_its_largest_fall_and_interval(tmp_path: Path
 def test_one_violation_rate_is_nan_when_nothing_was_judged() -> None:
     import math
 
+    from pytest_budgetbench.reports.gates.verdicts import violation_rate
     from pytest_budgetbench.reports.terminal import cell_stats, format_table
-    from pytest_budgetbench.reports.verdicts import violation_rate
 
     assert violation_rate(1, 3) == 0.25 and math.isnan(violation_rate(0, 0))
     rows = [{"task": "t", "strategy": "s", "budget": 1, "status": "error"}]
@@ -280,7 +280,7 @@ def test_a_harm_shown_verdict_that_passed_carries_its_warning_through_its_report
     tmp_path: Path,
 ) -> None:
     from pytest_budgetbench.reports import gate_verdict
-    from pytest_budgetbench.reports.verdicts import REGRESSION_GATE, GateSpec, GateVerdict
+    from pytest_budgetbench.reports.gates.verdicts import REGRESSION_GATE, GateSpec, GateVerdict
 
     baseline = report_of(tmp_path, "base", run_rows(n=10))
     current = report_of(tmp_path, "now", run_rows(n=10))

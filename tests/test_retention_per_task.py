@@ -31,7 +31,7 @@ from pytest_budgetbench.tasks.locomo import LoCoMoTask
 from pytest_budgetbench.tasks.longmemeval import LongMemEvalTask
 from pytest_budgetbench.tasks.memory import MemoryTask
 from pytest_budgetbench.tasks.needle import NeedleTask
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.test_model_free import model_free_args, retention_by_cell
 from tests.test_plugin import rows_of
 from tests.test_tasks_hotpotqa import REAL as HOTPOTQA

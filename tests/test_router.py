@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from pytest_budgetbench import embeddings  # noqa: E402
 from pytest_budgetbench.commands import cli  # noqa: E402
+from pytest_budgetbench.commands.train_environment import PipelineEnvironment  # noqa: E402
 from pytest_budgetbench.engine.catalog import Catalog  # noqa: E402
 from pytest_budgetbench.engine.runner import Runner  # noqa: E402
-from pytest_budgetbench.engine.train_environment import PipelineEnvironment  # noqa: E402
 from pytest_budgetbench.errors import ConfigError  # noqa: E402
 from pytest_budgetbench.messages import Message, Tool, text_of  # noqa: E402
 from pytest_budgetbench.model.chat import Completion  # noqa: E402
@@ -43,7 +43,8 @@ from pytest_budgetbench.strategies.budgetmem.router import (  # noqa: E402
 from pytest_budgetbench.strategies.budgetmem.tiers import MODULES, Tier  # noqa: E402
 from pytest_budgetbench.tasks.memory import MemoryTask  # noqa: E402
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy  # noqa: E402
-from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter  # noqa: E402
+from pytest_budgetbench.tokens.approximate import ApproxCounter  # noqa: E402
+from pytest_budgetbench.tokens.base import TokenCounter  # noqa: E402
 from tests.fake_openai import FakeOpenAI, reading_responder  # noqa: E402
 from tests.strategy_helpers import memory_items  # noqa: E402
 

@@ -14,7 +14,7 @@ import pytest
 from pytest_budgetbench.commands.cli import main
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.settings.config import Settings, load_settings
-from pytest_budgetbench.settings.shards import Shard, shard_from_environment
+from pytest_budgetbench.sweep.shards import Shard, shard_from_environment
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import sweep_args
 

@@ -35,7 +35,7 @@ from pytest_budgetbench.testing import (
     check_strategy,
     tool_counter,
 )
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 from tests.strategy_helpers import ScriptedAux
 
 AGENT_STRATEGIES = [PairTruncation, ObservationMasking, ToolResultClearing, Condenser]

@@ -39,7 +39,7 @@ from pytest_budgetbench.strategies.amem import (
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.strategy_helpers import (
     ScriptedAux,
     graded_sweep,

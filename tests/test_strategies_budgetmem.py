@@ -32,7 +32,9 @@ from pytest_budgetbench.tasks._fixtures import locomo_samples, write_json
 from pytest_budgetbench.tasks.base import TaskOptions
 from pytest_budgetbench.tasks.locomo import LoCoMoTask
 from pytest_budgetbench.testing import EchoAuxModel, HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import memory_items
 
 CONTROLS = (BudgetMemLow, BudgetMemMid, BudgetMemHigh, BudgetMemRandom)

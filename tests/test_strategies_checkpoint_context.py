@@ -10,7 +10,8 @@ from pytest_budgetbench.strategies.checkpoint_context import (
     CheckpointContext,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

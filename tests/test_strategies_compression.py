@@ -8,7 +8,8 @@ from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.compression import Compression
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

@@ -14,7 +14,9 @@ from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strat
 from pytest_budgetbench.strategies.full_context import FullContext
 from pytest_budgetbench.strategies.truncation import Truncation
 from pytest_budgetbench.testing import check_strategy, floor_tokens, histories
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

@@ -9,7 +9,8 @@ from pytest_budgetbench.strategies._chunking import chunk_for_retrieval
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.lean_retrieval import LeanRetrieval, rank_hybrid
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import run_strategy
 
 

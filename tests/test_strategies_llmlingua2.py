@@ -32,7 +32,8 @@ from pytest_budgetbench.strategies.llmlingua2 import (
     forget_compressors,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import graded_sweep, memory_items
 from tests.test_plugin import sweep_args

@@ -37,7 +37,7 @@ from pytest_budgetbench.strategies.mem0 import (
     sessions,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.fake_openai import FakeOpenAI, reading_responder
 from tests.strategy_helpers import (
     ScriptedAux,
@@ -353,7 +353,7 @@ AUDIT = textwrap.dedent("""
         elif event == "os.remove":
             seen["removed"].append(os.fsdecode(args[0]))
     sys.addaudithook(audit)
-    from pytest_budgetbench.tokens.counters import ApproxCounter
+    from pytest_budgetbench.tokens.approximate import ApproxCounter
     from pytest_budgetbench.strategies.base import StrategyContext
     from pytest_budgetbench.strategies.mem0 import Mem0, MEMORIES, backend
     from pytest_budgetbench.testing import HashingEmbedder

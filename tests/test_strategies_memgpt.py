@@ -26,7 +26,7 @@ from pytest_budgetbench.strategies.memgpt import (
     parse_summary,
 )
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.strategy_helpers import (
     ScriptedAux,
     graded_sweep,

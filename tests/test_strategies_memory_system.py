@@ -15,7 +15,7 @@ from pytest_budgetbench.strategies._memory_system import (
     json_values,
 )
 from pytest_budgetbench.strategies.base import StrategyContext
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 
 
 @dataclass

@@ -21,7 +21,9 @@ from pytest_budgetbench.strategies._chunking import (
 from pytest_budgetbench.strategies._packing import Packer
 from pytest_budgetbench.strategies.base import StrategyContext
 from pytest_budgetbench.testing import HashingEmbedder
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import memory_items
 
 PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compression",

@@ -9,7 +9,9 @@ from pytest_budgetbench.strategies._chunking import chunk_size
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.rag import STORE, Rag
 from pytest_budgetbench.testing import HashingEmbedder, check_strategy, default_context
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import memory_items
 
 pytest.importorskip("chromadb")

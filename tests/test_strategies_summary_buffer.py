@@ -11,7 +11,9 @@ from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.strategies.base import Regime
 from pytest_budgetbench.strategies.summary_buffer import SUMMARY_HEADER, SummaryBuffer
 from pytest_budgetbench.testing import check_strategy
-from pytest_budgetbench.tokens.counters import ApproxCounter, GGUFCounter, TokenCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.strategy_helpers import memory_items, run_strategy
 
 
@@ -113,8 +115,8 @@ def test_needs_an_auxiliary_model() -> None:
 def test_real_model_summaries_are_recorded_and_within_budget(
     gguf: GGUFCounter, tmp_path: Path
 ) -> None:
-    from pytest_budgetbench.embedded.models import SMOLLM2
-    from pytest_budgetbench.embedded.process import EmbeddedServer
+    from pytest_budgetbench.embedded_server.models import SMOLLM2
+    from pytest_budgetbench.embedded_server.process import EmbeddedServer
     from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
     from pytest_budgetbench.model.chat import ChatModel
 

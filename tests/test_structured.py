@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.cache.responses import CachingChatModel, ResponseStore, request_key
 from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.errors import EndpointError, RequestRejected
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, request_key
 from pytest_budgetbench.model.chat import ChatModel
 from pytest_budgetbench.model.structured import (
     PROBE_SCHEMA,
@@ -24,7 +24,7 @@ from pytest_budgetbench.model.structured import (
     response_format,
 )
 from pytest_budgetbench.strategies.mem0 import EXTRACTION_SCHEMA
-from pytest_budgetbench.tokens.counters import ApproxCounter
+from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.fake_openai import FakeOpenAI
 
 QUESTION: list[Message] = [{"role": "user", "content": "What is my dog called?"}]

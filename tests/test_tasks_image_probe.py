@@ -17,7 +17,8 @@ from pytest_budgetbench.tasks.image_probe import (
     draw,
     encode_png,
 )
-from pytest_budgetbench.tokens.counters import IMAGE_TOKENS, ApproxCounter, image_parts
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.content import IMAGE_TOKENS, image_parts
 
 
 def _decode(png: bytes) -> tuple[int, int, bytes]:

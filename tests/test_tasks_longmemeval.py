@@ -12,7 +12,7 @@ import pytest
 
 from pytest_budgetbench.errors import DataError
 from pytest_budgetbench.messages import text_of
-from pytest_budgetbench.settings.cells import Cell
+from pytest_budgetbench.sweep.cells import Cell
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import longmemeval_records, write_json
 from pytest_budgetbench.tasks.longmemeval import (

@@ -73,7 +73,7 @@ def test_a_built_in_resolves_without_reading_entry_points(
 ) -> None:
     """Each thread of a concurrent sweep loads its strategy: scanning every installed
     distribution's entry points took tens of ms of CPU each time."""
-    from pytest_budgetbench.settings import registry
+    from pytest_budgetbench import registry
     from pytest_budgetbench.strategies import REGISTRY as STRATEGIES
 
     def no_scan(**_: object) -> list[object]:

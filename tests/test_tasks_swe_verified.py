@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.errors import DataError
-from pytest_budgetbench.settings.cells import Cell
+from pytest_budgetbench.sweep.cells import Cell
 from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import GOLD_PATCH, swe_verified_records, write_jsonl
 from pytest_budgetbench.tasks.swe_verified import (

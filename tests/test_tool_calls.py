@@ -11,21 +11,18 @@ from typing import Any
 
 import pytest
 
+from pytest_budgetbench.cache.database import entry_checksum
+from pytest_budgetbench.cache.responses import CachingChatModel, ResponseStore
 from pytest_budgetbench.errors import EndpointError, TokenizerError
 from pytest_budgetbench.messages import Message, Tool, as_sent
-from pytest_budgetbench.model.cache import CachingChatModel, ResponseStore, entry_checksum
 from pytest_budgetbench.model.chat import ChatModel
 from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
-from pytest_budgetbench.tokens.counters import (
-    ApproxCounter,
-    GGUFCounter,
-    ServerCounter,
-    _text_only,
-    message_key,
-    served_by_llama_cpp,
-    tools_text,
-)
+from pytest_budgetbench.tokens.approximate import ApproxCounter
+from pytest_budgetbench.tokens.base import message_key
+from pytest_budgetbench.tokens.content import text_only, tools_text
 from pytest_budgetbench.tokens.framing import verify_additivity
+from pytest_budgetbench.tokens.gguf import GGUFCounter, served_by_llama_cpp
+from pytest_budgetbench.tokens.server import ServerCounter
 from tests.fake_openai import FakeOpenAI
 
 WEATHER: Tool = {"type": "function", "function": {
@@ -101,7 +98,7 @@ def test_text_only_keeps_tool_keys() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
     message = {"role": "tool", "tool_call_id": "c1", "name": "look",
                "content": [{"type": "text", "text": "seen"}, image]}
-    assert _text_only([message]) == [{"role": "tool", "tool_call_id": "c1", "name": "look",
+    assert text_only([message]) == [{"role": "tool", "tool_call_id": "c1", "name": "look",
                                       "content": "seen"}]
 
 
@@ -140,7 +137,7 @@ def templated() -> GGUFCounter:
     from tests.strategy_helpers import load_gguf
 
     pytest.importorskip("llama_cpp.server.types")
-    from pytest_budgetbench.embedded.models import embedded_gguf_path
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
     load_gguf()  # skips where llama.cpp or the model is missing
     return GGUFCounter(embedded_gguf_path(), chat_template=TOOLS_TEMPLATE)
@@ -166,7 +163,7 @@ def test_gguf_renders_tools_and_tool_messages_as_llama_cpp_server(
 
 
 def test_hf_counter_renders_tools_and_tool_keys(tokenizer_json: Path) -> None:
-    from pytest_budgetbench.tokens.counters import HFCounter
+    from pytest_budgetbench.tokens.huggingface import HFCounter
 
     counter = HFCounter(str(tokenizer_json), chat_template=TOOLS_TEMPLATE)
     plain = counter.count_messages(EPISODE)

@@ -10,8 +10,8 @@ import pytest
 
 from pytest_budgetbench import embeddings
 from pytest_budgetbench.commands import cli
-from pytest_budgetbench.embedded import models as gguf_models
-from pytest_budgetbench.embedded import process
+from pytest_budgetbench.embedded_server import models as gguf_models
+from pytest_budgetbench.embedded_server import process
 from pytest_budgetbench.testing import HashingEmbedder
 from tests.fake_openai import FakeOpenAI
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pytest_budgetbench.engine.arguments import argument_type, from_option
+from pytest_budgetbench.commands.arguments import argument_type, from_option
 from pytest_budgetbench.options import non_negative
 
 EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
@@ -76,7 +76,7 @@ def _unjudgeable_margin(test: str, margin: float | None, margin_flag: str) -> st
     """Why a regression gate with ``margin`` (None: not given) cannot be judged under
     ``test``; None when it can."""
     from pytest_budgetbench.errors import ConfigError
-    from pytest_budgetbench.reports.verdicts import NONINFERIORITY
+    from pytest_budgetbench.reports.gates.verdicts import NONINFERIORITY
     from pytest_budgetbench.settings.config import check_margin
 
     if test == NONINFERIORITY and margin is None:
@@ -95,7 +95,7 @@ def run_report(args: argparse.Namespace) -> int:
     from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.records.store import RunStore
     from pytest_budgetbench.reports import Prices, build_report, retention_gate, violation_gate
-    from pytest_budgetbench.reports.gates import regression_findings
+    from pytest_budgetbench.reports.gates.judging import regression_findings
     from pytest_budgetbench.reports.load import require_rows
     from pytest_budgetbench.settings.config import retention_floor
 
@@ -295,7 +295,7 @@ def run_regrade(args: argparse.Namespace) -> int:
 def add_fetch_model_command(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
-    from pytest_budgetbench.embedded import DEFAULT_MODEL, MODEL_DIR_ENV, MODELS
+    from pytest_budgetbench.embedded_server import DEFAULT_MODEL, MODEL_DIR_ENV, MODELS
 
     parser = subparsers.add_parser(
         "fetch-model",
@@ -311,7 +311,7 @@ def add_fetch_model_command(
 
 
 def run_fetch_model(args: argparse.Namespace) -> int:
-    from pytest_budgetbench.embedded import embedded_model, fetch
+    from pytest_budgetbench.embedded_server import embedded_model, fetch
     from pytest_budgetbench.errors import BudgetBenchError
 
     model = embedded_model(args.model)

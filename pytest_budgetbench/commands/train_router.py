@@ -1,7 +1,7 @@
 """``budgetbench train-router``: its options, and the run that wires the real pipeline
 (through :mod:`pytest_budgetbench.engine.wiring`, as the plugin does) into BudgetMem's PPO
 training (:mod:`~pytest_budgetbench.strategies.budgetmem.ppo`, on the episodes of
-:mod:`~pytest_budgetbench.engine.train_environment`).
+:mod:`~pytest_budgetbench.commands.train_environment`).
 
 A console command, beside :mod:`pytest_budgetbench.commands.cli` at the top layer: it builds the
 runner, so it may import the wiring; BudgetMem's own modules never do. Options the plugin
@@ -18,15 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_budgetbench import embedded
+from pytest_budgetbench import embedded_server
+from pytest_budgetbench.commands.arguments import argument_type, from_option
+from pytest_budgetbench.commands.train_environment import PipelineEnvironment, load_training_items
 from pytest_budgetbench.engine import wiring
-from pytest_budgetbench.engine.arguments import argument_type, from_option
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.preflight import check_extras
-from pytest_budgetbench.engine.train_environment import (
-    PipelineEnvironment,
-    load_training_items,
-)
 from pytest_budgetbench.errors import BudgetBenchError
 from pytest_budgetbench.options import non_negative, positive_int
 from pytest_budgetbench.records.store import RunStore
@@ -46,7 +43,7 @@ from pytest_budgetbench.strategies.budgetmem.tiers import (
 from pytest_budgetbench.tasks import resolve_task
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.cache import ResponseStore
+    from pytest_budgetbench.cache.responses import ResponseStore
 
 TRAIN_RUN_DIR = "train-run"
 """Under --out: the runner's records of the training episodes (cells.jsonl)."""
@@ -159,11 +156,11 @@ def build_environment(args: argparse.Namespace) -> tuple[PipelineEnvironment, Ca
     if settings.endpoint:
         endpoint = wiring.resolve_endpoint(settings, model_flag="--model")
     else:  # started on the first reply the response cache does not hold, as in a sweep
-        launcher, endpoint = embedded.embedded_launcher(
-            embedded.embedded_context(args.budget, settings.max_tokens), settings.threads,
+        launcher, endpoint = embedded_server.embedded_launcher(
+            embedded_server.embedded_context(args.budget, settings.max_tokens), settings.threads,
             args.out / "train-server.log", settings.model,
             on_start=lambda: print("train-router: starting the embedded model", flush=True))
-        endpoint = embedded.counting_endpoint(settings.tokenizer, endpoint, launcher)
+        endpoint = embedded_server.counting_endpoint(settings.tokenizer, endpoint, launcher)
 
     def close() -> None:
         if launcher is not None:
@@ -197,7 +194,7 @@ def _response_cache_path(args: argparse.Namespace) -> Path | None:
     """--cache: a file, 'off' (None), or (default) DIR/responses.sqlite."""
     if args.cache == "off":
         return None
-    from pytest_budgetbench.model.cache import CACHE_FILE
+    from pytest_budgetbench.cache.responses import CACHE_FILE
 
     return Path(args.cache) if args.cache else args.out / CACHE_FILE
 

@@ -7,7 +7,7 @@ directory. Nothing is ever downloaded: the model loads with ``local_files_only``
 no environment variable of the process is changed.
 
 A vector is looked up in three places, in order: the process's memory, the persistent
-store (:mod:`~pytest_budgetbench.embeddings.store`, SQLite beside the response cache), and
+store (:mod:`~pytest_budgetbench.cache.vectors`, SQLite beside the response cache), and
 only then the model, which is loaded on that first miss: a fully cached run never imports
 torch, sentence-transformers or onnxruntime. Misses of one call are computed in one
 batched pass, sorted by length (:mod:`~pytest_budgetbench.embeddings.backends`).
@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.cache.vectors import STORE_FILE, VectorStore
 from pytest_budgetbench.embeddings.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -36,7 +37,6 @@ from pytest_budgetbench.embeddings.backends import (
     default_threads,
     exported_model,
 )
-from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
 from pytest_budgetbench.errors import ConfigError, MissingDependency, Requirement
 from pytest_budgetbench.model.digests import directory_digest
 

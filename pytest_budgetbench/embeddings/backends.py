@@ -83,7 +83,7 @@ def default_threads() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    from pytest_budgetbench.settings.workers import worker_count
+    from pytest_budgetbench.sweep.workers import worker_count
 
     return max(1, cores // worker_count())
 

@@ -1,2 +1,2 @@
-"""The engine: the session, the cells, the runner and the episode loop over the
-budgeted call."""
+"""The engine: the session, preflight and wiring, the runner of one cell, the one budgeted
+call (count, check, send, record) and the episode loop over it."""

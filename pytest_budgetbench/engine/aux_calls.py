@@ -18,7 +18,7 @@ from pytest_budgetbench.errors import BudgetExceeded
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model.chat import ChatBackend, Completion
 from pytest_budgetbench.model.structured import Schema, StructuredOutput
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 
 @dataclass

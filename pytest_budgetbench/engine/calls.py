@@ -19,7 +19,7 @@ from typing import Protocol
 from pytest_budgetbench.messages import Message, Tool
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.rows import CellRow, Status
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
 from pytest_budgetbench.records.rows import CellRow
 from pytest_budgetbench.tasks import Environment, ReferenceStep, StepScore
-from pytest_budgetbench.tokens.counters import TokenCounter, message_key, prompt_sha256
+from pytest_budgetbench.tokens.base import TokenCounter, message_key, prompt_sha256
 
 FREE_RUNNING, TEACHER_FORCED = "free-running", "teacher-forced"
 """The row's ``episode_mode`` (``--budgetbench-episodes``)."""

@@ -29,15 +29,15 @@ from pytest_budgetbench.errors import (
     TokenizerError,
     first_missing,
 )
-from pytest_budgetbench.reports.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
-from pytest_budgetbench.settings.cells import Cell, split_reference
+from pytest_budgetbench.reports.gates.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
 from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.sweep.cells import Cell, split_reference
 
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.catalog import Catalog
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
-    from pytest_budgetbench.tokens.counters import TokenCounter
+    from pytest_budgetbench.tokens.base import TokenCounter
 
 
 def check_settings(settings: Settings) -> None:
@@ -59,7 +59,7 @@ def check_settings(settings: Settings) -> None:
         _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
     _check_embedding_model(settings)
     if settings.endpoint is None and not settings.model_free:
-        from pytest_budgetbench.embedded import embedded_model
+        from pytest_budgetbench.embedded_server import embedded_model
 
         embedded_model(settings.model)  # --budgetbench-model names an embedded model
     if settings.model_free:

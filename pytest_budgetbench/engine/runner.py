@@ -46,12 +46,12 @@ from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
 from pytest_budgetbench.records.prompts import SpanKept
 from pytest_budgetbench.records.rows import CellRow, Status
 from pytest_budgetbench.records.store import RunStore
-from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.settings.config import Settings, strategy_values
-from pytest_budgetbench.settings.workers import worker_id
 from pytest_budgetbench.strategies import Embedder, Strategy, StrategyContext, load_strategy
+from pytest_budgetbench.sweep.cells import Cell
+from pytest_budgetbench.sweep.workers import worker_id
 from pytest_budgetbench.tasks import Environment, EpisodicTask, Item, StepScore, Task
-from pytest_budgetbench.tokens.counters import TokenCounter, prompt_sha256
+from pytest_budgetbench.tokens.base import TokenCounter, prompt_sha256
 
 T = TypeVar("T")
 

@@ -7,12 +7,12 @@ really runs.
 
 With no endpoint given, the embedded llama.cpp server is resolved from its GGUF and
 started on the first reply the response cache does not hold (:mod:`~pytest_budgetbench.
-embedded.launcher`): by the controller's launcher, in-process, or, under xdist, by the
+embedded_server.launcher`): by the controller's launcher, in-process, or, under xdist, by the
 controller at a worker's request, so it stays one server that dies with the run.
 
 Two concerns live in their own modules: :mod:`~pytest_budgetbench.engine.resume` (the run
 directory, and whether a resume may go on with the run there) and
-:mod:`~pytest_budgetbench.engine.gating` (judging a gate over the run's rows).
+:mod:`~pytest_budgetbench.reports.gates.items` (judging a gate over the run's rows).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_budgetbench import embedded
+from pytest_budgetbench import embedded_server
 from pytest_budgetbench.canonical import canonical_json
-from pytest_budgetbench.engine import gating, preflight, resume, wiring
+from pytest_budgetbench.engine import preflight, resume, wiring
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.resume import resolve_run_dir
 from pytest_budgetbench.engine.runner import CellResult, Runner, Timer
@@ -43,19 +43,20 @@ from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.records import definition
 from pytest_budgetbench.records.rows import FINAL_STATUSES
 from pytest_budgetbench.records.store import RunStore, read_jsonl
-from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict
-from pytest_budgetbench.settings.cells import Cell, adjacent_prompt_starts, build_cells
+from pytest_budgetbench.reports.gates import items as gate_items
+from pytest_budgetbench.reports.gates.verdicts import GateSpec, GateVerdict, gate_specs
 from pytest_budgetbench.settings.config import Settings
-from pytest_budgetbench.settings.shards import shard_cells
-from pytest_budgetbench.strategies import strategy_classes
+from pytest_budgetbench.strategies import reference_flags, strategy_classes
+from pytest_budgetbench.sweep.cells import Cell, adjacent_prompt_starts, build_cells
+from pytest_budgetbench.sweep.shards import shard_cells
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pytest_budgetbench.embedded import Launcher, LaunchService, ServerLauncher
-    from pytest_budgetbench.model.cache import ResponseStore
+    from pytest_budgetbench.cache.responses import ResponseStore
+    from pytest_budgetbench.embedded_server import Launcher, LaunchService, ServerLauncher
     from pytest_budgetbench.reports import Report
-    from pytest_budgetbench.tokens.counters import TokenCounter
+    from pytest_budgetbench.tokens.base import TokenCounter
 
 SESSION_KEY = pytest.StashKey["BudgetBenchSession"]()
 """The run object of this pytest process, in ``config.stash`` (beside its class, as
@@ -70,7 +71,7 @@ class BudgetBenchSession:
     - builds the sweep's :attr:`cells` (sharded and shuffled as asked) from the catalog;
     - runs a cell once (:meth:`run_cell`), or takes its row from a resumed run
       (:attr:`recorded`), or from the threads of :meth:`prefetch`;
-    - judges gate items (:meth:`judge`, :mod:`~pytest_budgetbench.engine.gating`).
+    - judges gate items (:meth:`judge`, :mod:`~pytest_budgetbench.reports.gates.items`).
 
     The controller alone, before any cell runs (:meth:`start`): checks the sweep,
     resolves the endpoint (or the embedded server, started on first need), checks a resume
@@ -99,7 +100,7 @@ class BudgetBenchSession:
         """Where this process gets the embedded server's URL: the launcher, or a worker's
         line to the controller's."""
         if worker_state and worker_state.get("launcher"):
-            from pytest_budgetbench.embedded import RemoteLauncher
+            from pytest_budgetbench.embedded_server import RemoteLauncher
 
             self.launcher = RemoteLauncher(worker_state["launcher"])
         self._launch_service: LaunchService | None = None
@@ -160,13 +161,14 @@ class BudgetBenchSession:
 
     def embedded_description(self) -> str:
         """What starting the embedded model means, for the line printed before it starts."""
-        from pytest_budgetbench.embedded import embedded_model
+        from pytest_budgetbench.embedded_server import embedded_model
 
         model = embedded_model(self.settings.model)
         return f"{model.description}, n_ctx {self._embedded_n_ctx()}"
 
     def _embedded_n_ctx(self) -> int:
-        return embedded.embedded_context(max(self.settings.budgets), self.settings.max_tokens)
+        return embedded_server.embedded_context(max(self.settings.budgets),
+                                                self.settings.max_tokens)
 
     def _write_run_info(self) -> None:
         """Write run.json; on a resume, after the checks that the run may go on
@@ -192,12 +194,12 @@ class BudgetBenchSession:
         """The embedded server's endpoint, from its GGUF; the server itself starts on the
         first cache miss (or now, for a counter that asks the server)."""
         settings = self.settings
-        self.server, endpoint = embedded.embedded_launcher(
+        self.server, endpoint = embedded_server.embedded_launcher(
             self._embedded_n_ctx(), settings.threads, self.store.server_log_path,
             settings.model, on_start=self._server_starting,
         )
         self.launcher = self.server
-        return embedded.counting_endpoint(settings.tokenizer, endpoint, self.server)
+        return embedded_server.counting_endpoint(settings.tokenizer, endpoint, self.server)
 
     def _server_starting(self) -> None:
         if self.on_server_start is not None:
@@ -220,7 +222,7 @@ class BudgetBenchSession:
             state["shard"] = [*self.settings.shard, self.settings.shard_source]
         if self.server is not None:
             if self._launch_service is None:
-                from pytest_budgetbench.embedded import LaunchService
+                from pytest_budgetbench.embedded_server import LaunchService
 
                 self._launch_service = LaunchService(self.server)
             state["launcher"] = self._launch_service.address
@@ -281,13 +283,14 @@ class BudgetBenchSession:
     @functools.cached_property
     def gates(self) -> list[GateSpec]:
         """The gate items this sweep asked for, one per kind and strategy@budget."""
-        return gating.sweep_gates(self.settings)
+        return gate_specs(reference_flags(strategy_classes(self.settings.strategies)),
+                          self.settings)
 
     def judge(self, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:
-        """A gate's verdict over the computed report (see :func:`~pytest_budgetbench.engine.
-        gating.judge`): runs the gate's cells this process has not run, waits for those
+        """A gate's verdict over the computed report (see :func:`~pytest_budgetbench.reports.gates.
+        items.judge`): runs the gate's cells this process has not run, waits for those
         ``running_elsewhere``."""
-        return gating.judge(self, gate, running_elsewhere)
+        return gate_items.judge(self, gate, running_elsewhere)
 
     def cache_rejections(self) -> list[str]:
         """A line per cache file whose entries failed their checksum during this run."""

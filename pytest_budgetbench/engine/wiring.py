@@ -23,13 +23,14 @@ from pytest_budgetbench.redact import has_userinfo, redact_url, split_query
 from pytest_budgetbench.settings.config import Settings
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.embedded import Launcher
-    from pytest_budgetbench.model.cache import MergeResult, ResponseStore, SharedDatabase
+    from pytest_budgetbench.cache.database import MergeResult, SharedDatabase
+    from pytest_budgetbench.cache.responses import ResponseStore
+    from pytest_budgetbench.embedded_server import Launcher
     from pytest_budgetbench.model.chat import ChatModel, RequestSlots
     from pytest_budgetbench.model.replicas import ReplicaPool
     from pytest_budgetbench.model.structured import StructuredOutput
     from pytest_budgetbench.strategies import Embedder
-    from pytest_budgetbench.tokens.counters import TokenCounter
+    from pytest_budgetbench.tokens.base import TokenCounter
 
 
 
@@ -60,7 +61,7 @@ def model_free_endpoint(settings: Settings) -> Endpoint:
 
     gguf = None
     if settings.tokenizer == "auto":
-        from pytest_budgetbench.embedded import embedded_gguf_path
+        from pytest_budgetbench.embedded_server import embedded_gguf_path
 
         gguf = str(embedded_gguf_path())
     return Endpoint(base_url="", model=MODEL_FREE_LABEL, gguf_path=gguf, sends=False)
@@ -127,20 +128,23 @@ def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:
 # -- the parts of a runner -----------------------------------------------------------------
 def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) -> TokenCounter:
     """The token counter ``--budgetbench-tokenizer=choice`` asks for."""
-    from pytest_budgetbench.tokens import counters as budget
+    from pytest_budgetbench.tokens.approximate import ApproxCounter
+    from pytest_budgetbench.tokens.gguf import GGUFCounter
+    from pytest_budgetbench.tokens.huggingface import HFCounter
+    from pytest_budgetbench.tokens.server import ServerCounter
 
     if choice == "approx":
-        return budget.ApproxCounter()
+        return ApproxCounter()
     if choice.startswith("hf:"):
-        return budget.HFCounter(choice[len("hf:"):])
+        return HFCounter(choice[len("hf:"):])
     if choice.startswith("gguf:"):
-        return budget.GGUFCounter(choice[len("gguf:"):])
+        return GGUFCounter(choice[len("gguf:"):])
     if choice == "server":
-        return budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
+        return ServerCounter(endpoint.base_url, endpoint.model, api_key)
     # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
     if endpoint.gguf_path:  # the embedded server's model: it renders arguments as objects
-        return budget.GGUFCounter(endpoint.gguf_path, object_arguments=True)
-    counter = budget.ServerCounter(endpoint.base_url, endpoint.model, api_key)
+        return GGUFCounter(endpoint.gguf_path, object_arguments=True)
+    counter = ServerCounter(endpoint.base_url, endpoint.model, api_key)
     try:
         counter.count_text("probe")
     except TokenizerError as exc:
@@ -154,7 +158,7 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) ->
 
 def open_response_store(path: Path, run_id: str, *,
                         this_run_only: bool = False) -> ResponseStore:
-    from pytest_budgetbench.model.cache import ResponseStore
+    from pytest_budgetbench.cache.responses import ResponseStore
 
     return ResponseStore(path, run_id=run_id, this_run_only=this_run_only)
 
@@ -167,7 +171,7 @@ def response_store_path(settings: Settings, run_dir: Path) -> Path | None:
 def _cache_file(settings: Settings, run_dir: Path) -> Path:
     """Where the response cache is, or would be: --budgetbench-cache-path, else in
     --budgetbench-out; private to the run directory under --budgetbench-cache=off."""
-    from pytest_budgetbench.model.cache import CACHE_FILE
+    from pytest_budgetbench.cache.responses import CACHE_FILE
 
     if settings.cache_mode == "off":
         return run_dir / CACHE_FILE
@@ -186,8 +190,9 @@ def session_response_store(settings: Settings, run_dir: Path,
 def existing_caches(settings: Settings, run_dir: Path) -> list[SharedDatabase]:
     """The cache files this run may read that exist already: replies, token counts and
     vectors (not opened yet)."""
-    from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
-    from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase, ResponseStore
+    from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
+    from pytest_budgetbench.cache.responses import ResponseStore
+    from pytest_budgetbench.cache.vectors import STORE_FILE, VectorStore
 
     stores: list[SharedDatabase] = []
     responses = response_store_path(settings, run_dir)
@@ -212,8 +217,8 @@ def check_caches(settings: Settings, run_dir: Path) -> None:
 def cache_rejections(settings: Settings, run_dir: Path, since: float) -> list[str]:
     """One line per cache file in which entries were rejected (failed their checksum, or had
     none) since ``since``: each was a miss, made again, never used."""
+    from pytest_budgetbench.cache.database import REJECTED
     from pytest_budgetbench.errors import CacheError
-    from pytest_budgetbench.model.cache import REJECTED
 
     lines = []
     for store in existing_caches(settings, run_dir):
@@ -256,7 +261,7 @@ def make_chat(settings: Settings, endpoint: Endpoint, *,
         chat = chat_model(settings, endpoint, url, slots)
     if response_store is None:
         return chat
-    from pytest_budgetbench.model.cache import CachingChatModel
+    from pytest_budgetbench.cache.responses import CachingChatModel
 
     return CachingChatModel(chat, response_store, endpoint=endpoint.identity)
 
@@ -287,7 +292,7 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
     taken out and back are kept in the run's ``replicas.jsonl``."""
     from pytest_budgetbench.model.replicas import ReplicaPool
     from pytest_budgetbench.records.store import append_jsonl
-    from pytest_budgetbench.settings.workers import worker_id
+    from pytest_budgetbench.sweep.workers import worker_id
 
     events = RunStore(slots_dir.parent).replicas_path  # the slots live in the run's directory
 
@@ -383,7 +388,7 @@ def make_runner(
     slots_dir = store.slots_dir
     tokens = tokens or make_counter(settings.tokenizer, endpoint, settings.api_key)
     if tokens.count_space is not None:  # a slow exact counter: a second sweep reuses counts
-        from pytest_budgetbench.model.cache import COUNTS_FILE, CountDatabase
+        from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
 
         tokens.keep_counts_in(
             CountDatabase(derived_store_path(settings, store.run_dir, COUNTS_FILE)))
@@ -425,8 +430,9 @@ def caches_at(location: Path) -> list[SharedDatabase]:
     --budgetbench-out directory, the run directory of --budgetbench-cache=off, a merged
     copy); a file, or a path ending in ``.sqlite``, is a --budgetbench-cache-path file,
     with the other two beside it."""
-    from pytest_budgetbench.embeddings.store import STORE_FILE, VectorStore
-    from pytest_budgetbench.model.cache import CACHE_FILE, COUNTS_FILE, CountDatabase, ResponseStore
+    from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
+    from pytest_budgetbench.cache.responses import CACHE_FILE, ResponseStore
+    from pytest_budgetbench.cache.vectors import STORE_FILE, VectorStore
 
     is_file = location.is_file() or (location.suffix == ".sqlite" and not location.is_dir())
     responses = location if is_file else location / CACHE_FILE
@@ -437,7 +443,7 @@ def caches_at(location: Path) -> list[SharedDatabase]:
 
 def merge_caches(sources: list[Path], into: Path) -> list[MergeResult]:
     """Merge the caches of each of ``sources`` into those of ``into`` (see caches_at), as
-    :meth:`~pytest_budgetbench.model.cache.SharedDatabase.merge_from` does, one file at a time:
+    :meth:`~pytest_budgetbench.cache.database.SharedDatabase.merge_from` does, one file at a time:
     a union of checked entries; claims in flight and the rejected log stay behind. Every
     source file is checked before anything is written (a CacheError names a bad one), and
     only read: it may lie on a read-only volume or belong to another user."""

@@ -1,7 +1,7 @@
 """llama.cpp's vocabulary-only load of a GGUF file: its tokenizer, chat template and
 metadata without its weights, for the ``gguf:`` token counter
-(:class:`~pytest_budgetbench.tokens.counters.GGUFCounter`) and the check of an embedded
-model's metadata (:mod:`~pytest_budgetbench.embedded.models`)."""
+(:class:`~pytest_budgetbench.tokens.gguf.GGUFCounter`) and the check of an embedded
+model's metadata (:mod:`~pytest_budgetbench.embedded_server.models`)."""
 
 from __future__ import annotations
 

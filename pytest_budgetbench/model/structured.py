@@ -22,7 +22,7 @@ The form found is kept in the response cache (under a key of its own), so every 
 worker, thread and later run on the same endpoint asks once: a worker that finds another
 probing waits for its answer (the cache's claims). Without a response cache (sampled
 replies) each process probes once. A request sent with a schema keys the cache on its
-``response_format`` too; one without keeps its key (:func:`~pytest_budgetbench.model.cache.
+``response_format`` too; one without keeps its key (:func:`~pytest_budgetbench.cache.responses.
 request_key`). A ``response_format`` is not part of the prompt: llama.cpp turns the
 schema into a grammar that constrains sampling, and counts no token for it.
 """
@@ -38,7 +38,7 @@ from pytest_budgetbench.messages import Message, Schema
 from pytest_budgetbench.model.backend import ChatBackend, Completion
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.model.cache import ResponseStore
+    from pytest_budgetbench.cache.responses import ResponseStore
 
 Setting = Literal["auto", "json_schema", "json_object", "off"]
 Form = Literal["json_schema", "json_object", "none"]
@@ -139,7 +139,7 @@ class StructuredOutput:
         return self._remembered()
 
     def _remembered(self) -> Form:
-        from pytest_budgetbench.model.cache import once, request_key
+        from pytest_budgetbench.cache.responses import once, request_key
 
         assert self._memo is not None
         key = request_key(self._identity, self._model,

@@ -35,7 +35,7 @@ from pytest_budgetbench.redact import redact
 
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.session import BudgetBenchSession
-    from pytest_budgetbench.settings.cells import Cell
+    from pytest_budgetbench.sweep.cells import Cell
 
 SELECTORS_KEY = pytest.StashKey["list[Selector]"]()
 EXPLICIT_PATHS_KEY = pytest.StashKey[bool]()

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_budgetbench.records.rows import CellRow
-    from pytest_budgetbench.settings.cells import Cell
     from pytest_budgetbench.settings.config import Settings
+    from pytest_budgetbench.sweep.cells import Cell
 
 PROPERTY = "budgetbench"
 """The name of the one user property a cell's report carries."""

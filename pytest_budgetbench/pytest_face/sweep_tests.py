@@ -21,14 +21,14 @@ from pytest_budgetbench.errors import (
 from pytest_budgetbench.pytest_face import xdist as distributed
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.redact import redact
-from pytest_budgetbench.settings import workers
+from pytest_budgetbench.sweep.workers import worker_id
 
 T = TypeVar("T")
 
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.runner import CellResult
     from pytest_budgetbench.engine.session import BudgetBenchSession
-    from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict
+    from pytest_budgetbench.reports.gates.verdicts import GateSpec, GateVerdict
 
 pytestmark = [pytest.mark.budgetbench]
 VERDICT_PROPERTY = "budgetbench_gate"
@@ -78,7 +78,7 @@ def stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerErr
     worker's exit is not shown, but its ``shouldstop`` is: the controller stops every
     worker with it, and prints it."""
     reason = redact(f"budgetbench: {exc}")
-    if workers.is_worker(request.config):
+    if distributed.is_worker(request.config):
         request.session.shouldstop = reason
     pytest.exit(reason, returncode=pytest.ExitCode.USAGE_ERROR)
 
@@ -87,7 +87,7 @@ def benchmark_timer(request: pytest.FixtureRequest) -> ModelCallTimer | None:
     """Time the model call exactly once through pytest-benchmark, when it is active."""
     config = request.config
     # pytest-benchmark switches itself off under xdist (it reads PYTEST_XDIST_WORKER).
-    if not config.pluginmanager.hasplugin("benchmark") or workers.worker_id():
+    if not config.pluginmanager.hasplugin("benchmark") or worker_id():
         return None
     if config.stash[SESSION_KEY].settings.parallel_cells > 1:
         return None  # cells run ahead in threads; there is no call left to time
@@ -165,7 +165,7 @@ def run_budget_cell(request: pytest.FixtureRequest) -> CellResult:
 
 def gate_verdicts(report: pytest.TestReport) -> list[GateVerdict]:
     """The verdicts a gate item's report carries (under :data:`VERDICT_PROPERTY`)."""
-    from pytest_budgetbench.reports.verdicts import GateVerdict
+    from pytest_budgetbench.reports.gates.verdicts import GateVerdict
 
     return [GateVerdict.from_public(json.loads(str(value)))
             for name, value in report.user_properties if name == VERDICT_PROPERTY]

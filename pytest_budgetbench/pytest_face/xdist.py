@@ -1,5 +1,6 @@
 """pytest-xdist, in one place: what the controller hands its workers, how a process knows
-it is a worker, how the sweep's cells are scheduled, and how a SIGTERMed controller stops.
+it is a worker and what it was handed, how the sweep's cells are scheduled, and how a
+SIGTERMed controller stops.
 
 xdist is optional: nothing here imports it until its own hooks call :func:`make_scheduler`.
 """
@@ -13,10 +14,24 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.pytest_face import nodeids
 from pytest_budgetbench.pytest_face.nodeids import GATES_SCOPE, SWEEP_NODE
-from pytest_budgetbench.settings.workers import WORKER_KEY
 
 if TYPE_CHECKING:
     import pytest
+
+WORKER_KEY = "budgetbench"
+"""The run's state in ``workerinput``: its directory and endpoints, named once by the
+controller."""
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def worker_state(config: pytest.Config) -> dict[str, Any] | None:
+    """What the controller handed this worker, or None in the controller (or without xdist)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get(WORKER_KEY) if workerinput else None
+
 
 
 def is_distributed(config: pytest.Config) -> bool:

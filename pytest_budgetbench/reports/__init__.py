@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         ReportExtension,
         register_report_extension,
     )
-    from pytest_budgetbench.reports.gates import (
+    from pytest_budgetbench.reports.gates.judging import (
         check_baseline_comparable,
         gate_verdict,
         regression_gate,
@@ -51,11 +51,11 @@ _EXPORTS = {
     "ExtraTable": "extensions",
     "ReportExtension": "extensions",
     "register_report_extension": "extensions",
-    "violation_gate": "gates",
-    "gate_verdict": "gates",
-    "regression_gate": "gates",
-    "retention_gate": "gates",
-    "check_baseline_comparable": "gates",
+    "violation_gate": "gates.judging",
+    "gate_verdict": "gates.judging",
+    "regression_gate": "gates.judging",
+    "retention_gate": "gates.judging",
+    "check_baseline_comparable": "gates.judging",
     "ReportError": "load",
     "Prices": "tables",
     "Reference": "tables",

@@ -23,7 +23,8 @@ from pytest_budgetbench.errors import DiffError
 from pytest_budgetbench.records import definition
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
-from pytest_budgetbench.reports.gates import judge_change
+from pytest_budgetbench.reports.gates.judging import judge_change
+from pytest_budgetbench.reports.gates.verdicts import NONINFERIORITY
 from pytest_budgetbench.reports.stats import (
     CHANGE_COLUMNS,
     DEFAULT_RESAMPLES,
@@ -32,7 +33,6 @@ from pytest_budgetbench.reports.stats import (
     cell_rng,
     paired_changes,
 )
-from pytest_budgetbench.reports.verdicts import NONINFERIORITY
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,7 +65,8 @@ class RunDiff:
               ) -> tuple[list[str], list[str]]:
         """(failures, warnings): a line per cell whose quality change fails ``test`` with
         margin ``tolerance``, and per cell that passed a harm-shown test it was too small
-        to fail (:func:`~pytest_budgetbench.reports.gates.judge_change`, the gates' rule)."""
+        to fail (:func:`~pytest_budgetbench.reports.gates.judging.judge_change`, the gates'
+        rule)."""
         failures, warnings = [], []
         for row in self.table.to_dict(orient="records"):
             if not row["n_paired"]:

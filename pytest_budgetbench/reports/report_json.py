@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import BaselineError
+from pytest_budgetbench.reports.gates.verdicts import violation_rate
 from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION, key_values
-from pytest_budgetbench.reports.verdicts import violation_rate
 
 if TYPE_CHECKING:
     import pandas as pd

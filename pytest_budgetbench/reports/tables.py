@@ -16,6 +16,7 @@ import numpy as np
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.records.rows import Status
+from pytest_budgetbench.reports.gates.verdicts import violation_rate
 from pytest_budgetbench.reports.stats import (
     CHANGE_COLUMNS,
     bootstrap_cis,
@@ -24,8 +25,7 @@ from pytest_budgetbench.reports.stats import (
     paired_changes,
     wilson_interval,
 )
-from pytest_budgetbench.reports.verdicts import violation_rate
-from pytest_budgetbench.settings.cells import split_reference
+from pytest_budgetbench.sweep.cells import split_reference
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.reports.verdicts import violation_rate
+from pytest_budgetbench.reports.gates.verdicts import violation_rate
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report
-    from pytest_budgetbench.reports.verdicts import GateVerdict
+    from pytest_budgetbench.reports.gates.verdicts import GateVerdict
     from pytest_budgetbench.settings.config import Settings
 
 

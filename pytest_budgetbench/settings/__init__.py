@@ -1,1 +1,2 @@
-"""Settings: the options' values, the task grammar, shards and the registries."""
+"""Settings: the options' values (command line > ini > environment > default), the grammar
+of task definitions, and where budgetbench keeps what outlives a run."""

@@ -32,8 +32,6 @@ from pytest_budgetbench.options import (
     resolve_values,
     seconds,
 )
-from pytest_budgetbench.settings.shards import AUTO as AUTO_SHARD
-from pytest_budgetbench.settings.shards import shard_from_environment
 from pytest_budgetbench.settings.task_grammar import (
     DEFINITION_EXAMPLE,
     TaskDefinition,
@@ -41,6 +39,8 @@ from pytest_budgetbench.settings.task_grammar import (
     parse_task_list,
     task_entries,
 )
+from pytest_budgetbench.sweep.shards import AUTO as AUTO_SHARD
+from pytest_budgetbench.sweep.shards import shard_from_environment
 
 TASK_OPTIONS_FLAG = "--budgetbench-task-options"
 STRATEGY_OPTIONS_FLAG = "--budgetbench-strategy-options"
@@ -79,7 +79,7 @@ def parse_budgets(raw: str) -> tuple[int, ...]:
 
 
 def _reference(raw: str) -> str:
-    from pytest_budgetbench.settings.cells import split_reference
+    from pytest_budgetbench.sweep.cells import split_reference
 
     name, _budget = split_reference(raw)
     if not name or name.startswith("@") or name.endswith("@"):
@@ -121,7 +121,7 @@ def parse_grader_variants(raw: str) -> dict[str, str]:
 
 
 def parse_shard(raw: str) -> tuple[int, int] | str:
-    """``i/n``, or :data:`~pytest_budgetbench.settings.shards.AUTO`, which :func:`load_settings`
+    """``i/n``, or :data:`~pytest_budgetbench.sweep.shards.AUTO`, which :func:`load_settings`
     resolves from the job engine's environment."""
     if raw.lower() == AUTO_SHARD:
         return AUTO_SHARD

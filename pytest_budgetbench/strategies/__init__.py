@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.settings.cells import clean_part
-from pytest_budgetbench.settings.registry import Registry
+from pytest_budgetbench.registry import Registry
 from pytest_budgetbench.strategies.base import (
     AuxiliaryModel,
     Embedder,
@@ -16,6 +15,7 @@ from pytest_budgetbench.strategies.base import (
     StrategyContext,
 )
 from pytest_budgetbench.strategies.plain import plain_strategy_class
+from pytest_budgetbench.sweep.cells import clean_part
 
 __all__ = [
     "REGISTRY",
@@ -100,7 +100,7 @@ def strategy_classes(specs: Iterable[str]) -> dict[str, type[Strategy]]:
 
 def reference_flags(classes: Mapping[str, type[Strategy]]) -> dict[str, bool]:
     """Each strategy's name and whether it is a reference, in order: what decides which
-    gates judge it (:func:`~pytest_budgetbench.reports.verdicts.gate_specs`)."""
+    gates judge it (:func:`~pytest_budgetbench.reports.gates.verdicts.gate_specs`)."""
     return {cls.name: bool(cls.reference) for cls in classes.values()}
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_budgetbench.messages import Message, exchanges, split_ends, text_of, tool_calls_of
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 Unit = list[Message]
 

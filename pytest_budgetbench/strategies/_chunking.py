@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.options import Option
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 # Adaptive retrieval: chunks of BASE tokens are embedded once per item; the unit packed at
 # a budget is room // SLOTS rounded down to a power of two within [MIN, MAX], made of

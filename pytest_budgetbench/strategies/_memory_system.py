@@ -35,7 +35,7 @@ from pytest_budgetbench.strategies._chunking import fit_prefix
 from pytest_budgetbench.strategies.base import AuxiliaryModel, StrategyContext
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.tokens.counters import TokenCounter
+    from pytest_budgetbench.tokens.base import TokenCounter
 
 MEMORIES_KEPT = 32  # built memories cached in the process, per strategy
 MIN_MATERIAL_TOKENS = 16  # a call with less room than this to read is not worth making

@@ -34,7 +34,7 @@ from pytest_budgetbench.strategies._chunking import (
     fit_prefix,
 )
 from pytest_budgetbench.strategies.base import Strategy, StrategyContext
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 # Below this many free tokens a cut piece is more noise than evidence.
 MIN_PARTIAL_TOKENS = 8

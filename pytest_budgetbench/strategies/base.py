@@ -30,7 +30,7 @@ from pytest_budgetbench.messages import Message, Schema, Tool
 from pytest_budgetbench.options import Option
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.tokens.counters import TokenCounter
+    from pytest_budgetbench.tokens.base import TokenCounter
 
 
 class Regime(enum.StrEnum):

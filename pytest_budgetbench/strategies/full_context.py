@@ -1,3 +1,5 @@
+"""``full_context``: the reference strategy, the whole history unchanged at every budget."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,3 +1,5 @@
+"""``truncation``: the system prompt and the final query, then the newest history that fits."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

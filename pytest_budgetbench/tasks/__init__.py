@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.settings.registry import Registry
+from pytest_budgetbench.registry import Registry
 from pytest_budgetbench.settings.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import (
     Environment,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.settings.registry import import_object
+from pytest_budgetbench.registry import import_object
 from pytest_budgetbench.tasks._text import (
     choice_letter,
     clean_reply,

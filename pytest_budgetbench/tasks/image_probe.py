@@ -9,7 +9,7 @@ differ from the asked one in the asked attribute, so an answer from the wrong im
 wrong.
 
 Token accounting: text-only counters charge each image part the declared
-``pytest_budgetbench.tokens.counters.IMAGE_TOKENS``; see that module.
+``pytest_budgetbench.tokens.content.IMAGE_TOKENS``; see that module.
 
 Category: the attribute asked, ``colour``, ``shape`` or ``count``.
 

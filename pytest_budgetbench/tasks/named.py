@@ -19,7 +19,7 @@ import functools
 from typing import Any
 
 from pytest_budgetbench.errors import ConfigError
-from pytest_budgetbench.settings.registry import Registry
+from pytest_budgetbench.registry import Registry
 from pytest_budgetbench.settings.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import Task
 

@@ -9,7 +9,7 @@ query-aware router that picks them, and the fixed-tier controls the paper lacks.
 - :mod:`.router`: ``budgetmem@<lambda>`` and its checkpoints;
 - :mod:`.policy`: the torch policy network (imported only by routers and training);
 - :mod:`.ppo`: the PPO learner, on any environment; the pipeline's episodes, as the
-  runner's cells, are in :mod:`pytest_budgetbench.engine.train_environment`, and
+  runner's cells, are in :mod:`pytest_budgetbench.commands.train_environment`, and
   ``budgetbench train-router`` in :mod:`pytest_budgetbench.commands.train_router`.
 - :mod:`.report`: the report extension (tier-selection table, processing-cost plot).
 

@@ -35,7 +35,7 @@ from pytest_budgetbench.strategies.budgetmem.tiers import (
     MODULES,
     Tier,
 )
-from pytest_budgetbench.tokens.counters import TokenCounter
+from pytest_budgetbench.tokens.base import TokenCounter
 
 CHUNK_TOKENS = 256
 FINAL_MARK = "FINAL:"

@@ -1,5 +1,5 @@
-"""``python -m pytest_budgetbench.embedded.serve [llama_cpp.server's flags]``: llama-cpp-python's
-server, with tool calls' arguments handed to the chat template as objects.
+"""``python -m pytest_budgetbench.embedded_server.serve [llama_cpp.server's flags]``:
+llama-cpp-python's server, with tool calls' arguments handed to the chat template as objects.
 
 llama-cpp-python passes an earlier call's ``arguments`` to the template as the JSON text the
 chat API carries, so a template's ``arguments | tojson`` writes an escaped string

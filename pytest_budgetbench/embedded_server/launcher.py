@@ -36,8 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from pytest_budgetbench.embedded import process
-from pytest_budgetbench.embedded.process import READY_TIMEOUT_S
+from pytest_budgetbench.embedded_server import process
+from pytest_budgetbench.embedded_server.process import READY_TIMEOUT_S
 from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.model.endpoint import Endpoint
 

@@ -18,15 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_budgetbench.reports import report_json
-from pytest_budgetbench.reports.stats import (
-    SCORE,
-    PairedChange,
-    cell_rng,
-    no_flip_items_to_exclude,
-    paired_changes,
-)
-from pytest_budgetbench.reports.tables import key_values, paired_scores
-from pytest_budgetbench.reports.verdicts import (
+from pytest_budgetbench.reports.gates.verdicts import (
     HARM,
     NONINFERIORITY,
     RATE_EPS,
@@ -39,6 +31,14 @@ from pytest_budgetbench.reports.verdicts import (
     quality_regressed,
     violation_rate,
 )
+from pytest_budgetbench.reports.stats import (
+    SCORE,
+    PairedChange,
+    cell_rng,
+    no_flip_items_to_exclude,
+    paired_changes,
+)
+from pytest_budgetbench.reports.tables import key_values, paired_scores
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -309,7 +309,7 @@ def judge_change(label: str, change: PairedChange, margin: float, test: str,
     Non-inferiority fails unless the interval's lower bound is above -D: a run too small
     to exclude a drop of D fails, since absence of evidence is not evidence of absence.
     Harm-shown fails only a shown fall
-    (:func:`~pytest_budgetbench.reports.verdicts.quality_regressed`);
+    (:func:`~pytest_budgetbench.reports.gates.verdicts.quality_regressed`);
     a pass whose minimal detectable drop exceeds D comes with a warning, not a failure, as
     harm-shown is what a user picks to block on evidence only.
     """

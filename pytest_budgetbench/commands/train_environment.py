@@ -20,10 +20,10 @@ from typing import Any
 from pytest_budgetbench.engine.runner import CellResult, Runner
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.settings.cells import Cell
 from pytest_budgetbench.strategies.base import Embedder
 from pytest_budgetbench.strategies.budgetmem.pipeline import Outcome
 from pytest_budgetbench.strategies.budgetmem.router import EpisodeResult, SampledBudgetMem, Sampler
+from pytest_budgetbench.sweep.cells import Cell
 from pytest_budgetbench.tasks import REGISTRY as TASKS
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 

@@ -1,4 +1,4 @@
-"""Gates: the test items that judge one strategy@budget over the run's rows.
+"""Gate items as the sweep runs them: a gate judges one strategy@budget over the run's rows.
 
 A gate runs after the cells it judges, so its verdict reads their rows in the computed
 report. Selected alone (``--lf``, ``-k``), it runs the cells this process has not run
@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_budgetbench.errors import EmbeddedServerError
-from pytest_budgetbench.reports.verdicts import GateSpec, GateVerdict, gate_specs
-from pytest_budgetbench.strategies import reference_flags, strategy_classes
+from pytest_budgetbench.reports.gates.verdicts import GateSpec, GateVerdict
 
 if TYPE_CHECKING:
     from pytest_budgetbench.records.store import RunStore
     from pytest_budgetbench.reports import Report
-    from pytest_budgetbench.settings.cells import Cell
     from pytest_budgetbench.settings.config import Settings
+    from pytest_budgetbench.sweep.cells import Cell
 
 
 class GateSession(Protocol):
@@ -43,11 +42,6 @@ class GateSession(Protocol):
     def run_cell(self, cell: Cell) -> object: ...
 
     def computed_report(self) -> Report: ...
-
-
-def sweep_gates(settings: Settings) -> list[GateSpec]:
-    """The gate items the sweep asked for, one per kind and strategy@budget."""
-    return gate_specs(reference_flags(strategy_classes(settings.strategies)), settings)
 
 
 def judge(session: GateSession, gate: GateSpec, running_elsewhere: set[str]) -> GateVerdict:

@@ -1,5 +1,5 @@
 """The embedded llama.cpp server's process: ``python -m llama_cpp.server`` (through
-:mod:`~pytest_budgetbench.embedded.serve`) on 127.0.0.1 with
+:mod:`~pytest_budgetbench.embedded_server.serve`) on 127.0.0.1 with
 pinned flags, started once, its log, its readiness, and its stop (with the sweep's death too).
 """
 
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_budgetbench.embedded import models
+from pytest_budgetbench.embedded_server import models
 from pytest_budgetbench.errors import EmbeddedServerError, RequestTimeout
 from pytest_budgetbench.model.chat import free_port
 from pytest_budgetbench.model.deadline import DeadlineClients
@@ -25,7 +25,7 @@ PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
                   "pydantic_settings")
 """What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
-SERVE_MODULE = "pytest_budgetbench.embedded.serve"
+SERVE_MODULE = "pytest_budgetbench.embedded_server.serve"
 """``llama_cpp.server``, run with tool calls' arguments rendered as objects (its module)."""
 READY_TIMEOUT_S = 120.0
 """How long one launch of the embedded server may take to answer /models."""

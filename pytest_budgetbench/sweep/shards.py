@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from pytest_budgetbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pytest_budgetbench.settings.cells import Cell
+    from pytest_budgetbench.sweep.cells import Cell
 
 AUTO = "auto"
 """``--budgetbench-shard=auto``."""

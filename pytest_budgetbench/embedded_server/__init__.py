@@ -1,4 +1,5 @@
-"""The embedded llama.cpp server, used when no endpoint is given, in one place:
+"""The embedded llama.cpp server, used when no endpoint is given (the sentence embedders are
+:mod:`pytest_budgetbench.embeddings`), in one place:
 
 - :mod:`.models`: the model registry (which GGUF is served), its fetch and its checks;
 - :mod:`.process`: starting and stopping ``python -m llama_cpp.server``, its log, its
@@ -11,7 +12,7 @@ a replacement look them up on the submodule.
 
 from __future__ import annotations
 
-from pytest_budgetbench.embedded.launcher import (
+from pytest_budgetbench.embedded_server.launcher import (
     Launcher,
     LaunchService,
     RemoteLauncher,
@@ -20,7 +21,7 @@ from pytest_budgetbench.embedded.launcher import (
     embedded_context,
     embedded_launcher,
 )
-from pytest_budgetbench.embedded.models import (
+from pytest_budgetbench.embedded_server.models import (
     DEFAULT_MODEL,
     MODEL_DIR_ENV,
     MODELS,
@@ -29,7 +30,7 @@ from pytest_budgetbench.embedded.models import (
     embedded_model,
     fetch,
 )
-from pytest_budgetbench.embedded.process import EmbeddedServer
+from pytest_budgetbench.embedded_server.process import EmbeddedServer
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "MODEL_DIR_ENV", "EmbeddedModel", "EmbeddedServer",
            "LaunchService", "Launcher", "RemoteLauncher", "ServerLauncher",

@@ -10,7 +10,8 @@ one written is as good as any).
 The file sits beside the response cache, as ``embeddings.sqlite`` (see
 ``wiring.embedding_store_path``); nothing in it ever goes stale, so it has no refresh mode.
 Every vector carries a checksum of its space, key and bytes: one that fails it (or has
-none, from before checksums) is a miss, computed again (see :mod:`pytest_budgetbench.model.cache`).
+none, from before checksums) is a miss, computed again (see
+:mod:`pytest_budgetbench.cache.database`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_budgetbench.model.cache import (
+from pytest_budgetbench.cache.database import (
     AS_BYTES,
     REJECTED_SCHEMA,
     SAME_CHECKSUM,
