@@ -19,17 +19,9 @@ from __future__ import annotations
 from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from pytest_budgetbench.cache.database import (
-    AS_BYTES,
-    REJECTED_SCHEMA,
-    SAME_CHECKSUM,
-    Entry,
-    SharedDatabase,
-    entry_checksum,
-    rejection,
-    text_of_bytes,
-)
+from pytest_budgetbench.cache.database import AS_BYTES, REJECTED_SCHEMA, Entry, SpacedValues
 
 STORE_FILE = "embeddings.sqlite"
 
@@ -48,23 +40,20 @@ SAME_VECTOR_TOLERANCE = 1e-5
 vector when caches are merged (L2-normalised: a component is at most 1 in size)."""
 
 
-# SQLite's default limit on the parameters of one statement is 999 on old builds.
-_KEYS_PER_QUERY = 500
-
-
-class VectorStore(SharedDatabase):
+class VectorStore(SpacedValues):
     """Vectors as float32 bytes, by (space, text key), in one SQLite file."""
 
     label = "embedding cache"
     table = "vectors"
-    key_columns = ("space", "key")
+    value_column = "vector"
+    value_sql = AS_BYTES.format("vector")
     value_noun = "vector"
 
     def __init__(self, path: Path) -> None:
         super().__init__(path, _SCHEMA)
 
-    def checksum_of(self, entry: Entry) -> str:
-        return entry_checksum(entry["space"], entry["key"], bytes(entry["vector"]))
+    def checked_form(self, value: Any) -> object:
+        return bytes(value)
 
     def same_value(self, ours: Entry, theirs: Entry) -> bool:
         """Equal within SAME_VECTOR_TOLERANCE, component by component: another machine's
@@ -80,46 +69,8 @@ class VectorStore(SharedDatabase):
     def load(self, space: str, keys: Sequence[str]) -> dict[str, bytes]:
         """The stored vectors of ``keys`` in ``space`` (absent and rejected keys are left
         out: a vector that fails its checksum is deleted, to be computed again)."""
-        found: dict[str, bytes] = {}
-        rejected: dict[str, tuple[bytes | None, str]] = {}
-        for start in range(0, len(keys), _KEYS_PER_QUERY):
-            batch = keys[start : start + _KEYS_PER_QUERY]
-            marks = ",".join("?" * len(batch))
-            rows = self._read(
-                f"SELECT key, {AS_BYTES.format('vector')}, {AS_BYTES.format('checksum')} "
-                "FROM vectors "
-                f"WHERE space = ? AND key IN ({marks})", (space, *batch),
-            )
-            for key, vector, raw_checksum in rows:
-                blob = bytes(vector)
-                reason = rejection(text_of_bytes(raw_checksum), entry_checksum(space, key, blob))
-                if reason is None:
-                    found[key] = blob
-                else:
-                    rejected[key] = (raw_checksum, reason)
-        if rejected:
-            with self._transaction() as db:
-                for key, (raw_checksum, reason) in rejected.items():
-                    db.execute(f"DELETE FROM vectors WHERE space = ? AND key = ? AND "
-                               f"{SAME_CHECKSUM}", (space, key, raw_checksum))
-                    self._reject(db, f"{space}/{key}", reason)
-        return found
+        return {key: bytes(vector) for key, vector in self.load_values(space, keys).items()}
 
     def save(self, space: str, vectors: Mapping[str, bytes]) -> None:
         """Store ``vectors`` in one transaction; a key already there is kept as it is."""
-        if not vectors:
-            return
-        with self._transaction() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO vectors VALUES (?, ?, ?, ?)",
-                ((space, key, vector, entry_checksum(space, key, bytes(vector)))
-                 for key, vector in vectors.items()),
-            )
-
-    def count(self, space: str | None = None) -> int:
-        """Vectors stored in ``space`` (or in all spaces)."""
-        if space is None:
-            rows = self._read("SELECT COUNT(*) FROM vectors")
-        else:
-            rows = self._read("SELECT COUNT(*) FROM vectors WHERE space = ?", (space,))
-        return int(rows[0][0])
+        self.save_values(space, vectors)
