@@ -1,5 +1,5 @@
 """Run records: the CellRow schema, reading schema-1 files, torn lines, concurrent appends,
-the prompts audit and run.json."""
+the prompts audit, run.json and replicas.jsonl, and one owner per run file."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import pytest_budgetbench
 from pytest_budgetbench.errors import RecordError
 from pytest_budgetbench.records import store as records
 from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
@@ -469,3 +470,167 @@ def test_run_info_is_read_back_and_a_run_without_one_has_none(tmp_path: Path) ->
     store.run_info_path.write_text("{not json")
     with pytest.raises(ValueError):
         store.run_info()
+
+
+# -- one owner per file ---------------------------------------------------------------------
+PACKAGE_DIR = Path(pytest_budgetbench.__file__).parent
+OWNERS = {
+    "cells.jsonl": ("records/cells.py", "CELLS_FILE"),
+    "prompts.jsonl": ("records/prompts.py", "PROMPTS_FILE"),
+    "replicas.jsonl": ("records/replicas.py", "REPLICAS_FILE"),
+    "run.json": ("records/run_json.py", "RUN_FILE"),
+}
+"""Each file of a run that issue 39 gave one owner: the module that names, writes and
+reads it, and the constant it names it by."""
+LAYOUT = "records/store.py"
+"""RunStore's paths join the owners' names to a run directory: the layout, not a reader."""
+JSON_LINES_TOOLS = frozenset({"append_jsonl", "read_jsonl", "lines_of", "cell_records",
+                              "blocks", "parse_line", "write_lines"})
+
+
+def _package_sources() -> dict[str, Any]:
+    import ast
+
+    return {path.relative_to(PACKAGE_DIR).as_posix(): ast.parse(path.read_text("utf-8"))
+            for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def _value_strings(tree: Any) -> list[tuple[int, str]]:
+    """The string literals of a module used as values: a string statement (a docstring,
+    an attribute's docstring) is prose and left out."""
+    import ast
+
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in prose]
+
+
+def test_each_run_file_name_is_spelled_by_its_owner_alone() -> None:
+    """A literal that is a file's name, or a path or glob ending in it, outside the owner
+    is a second writer or reader of the file in the making."""
+    import re
+
+    found = []
+    for module, tree in _package_sources().items():
+        for lineno, text in _value_strings(tree):
+            for name, (owner, _constant) in OWNERS.items():
+                if module != owner and re.search(rf"(?:^|[/*\\]){re.escape(name)}$", text):
+                    found.append(f"{module}:{lineno} spells {text!r} ({name} is {owner}'s)")
+    assert not found, "\n".join(found)
+
+
+def test_no_module_outside_records_reads_or_writes_json_lines_of_a_run_itself() -> None:
+    """The JSON-lines tools (one locked writer, one line parser) are the owners': a module
+    outside records/ that imports them parses or writes a run's lines itself."""
+    import ast
+
+    found = []
+    for module, tree in _package_sources().items():
+        if module.startswith("records/"):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                    "pytest_budgetbench.records"):
+                continue
+            names = {alias.name for alias in node.names}
+            if node.module == "pytest_budgetbench.records.jsonl" or "jsonl" in names \
+                    or names & JSON_LINES_TOOLS:
+                found.append(f"{module}:{node.lineno} imports {sorted(names)} "
+                             f"from {node.module}")
+    assert not found, "\n".join(found)
+
+
+def test_no_module_but_the_owner_builds_a_path_from_a_run_file_name() -> None:
+    """``run_dir / CELLS_FILE`` outside the owner (and RunStore's paths) opens the file
+    without it; a message may still name the file by its constant."""
+    import ast
+
+    constants = {constant: owner for owner, constant in OWNERS.values()}
+    found = []
+    for module, tree in _package_sources().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.BinOp) or not isinstance(node.op, ast.Div):
+                continue
+            right = node.right
+            name = right.id if isinstance(right, ast.Name) else \
+                right.attr if isinstance(right, ast.Attribute) else None
+            if name in constants and module not in (constants[name], LAYOUT):
+                found.append(f"{module}:{node.lineno} joins {name} to a path "
+                             f"(go through {constants[name]})")
+    assert not found, "\n".join(found)
+
+
+def test_the_owners_name_their_files_and_the_store_lays_them_out(tmp_path: Path) -> None:
+    import importlib
+
+    store = RunStore(tmp_path)
+    paths = {"CELLS_FILE": store.cells_path, "PROMPTS_FILE": store.prompts_path,
+             "REPLICAS_FILE": store.replicas_path, "RUN_FILE": store.run_info_path}
+    for name, (owner, constant) in OWNERS.items():
+        module = importlib.import_module(
+            "pytest_budgetbench." + owner.removesuffix(".py").replace("/", "."))
+        assert getattr(module, constant) == name
+        assert paths[constant] == tmp_path / name
+
+
+def test_a_resumed_and_a_regraded_run_json_keep_what_the_run_wrote(tmp_path: Path) -> None:
+    from pytest_budgetbench.records import run_json
+
+    store = RunStore(tmp_path / "run")
+    store.write_run_info({"run_id": "r", "settings": {"seed": 3}, "started": 5.0,
+                          "definition": {"version": 1}, "from_another_version": [1]})
+    earlier = store.run_info()
+    assert earlier is not None
+    once = run_json.resumed(earlier, 7.0)
+    twice = run_json.resumed(once, 9.0)
+    assert list(twice) == ["run_id", "settings", "started", "definition",
+                           "from_another_version", "resumed"]
+    assert twice["resumed"] == [7.0, 9.0] and run_json.started(twice) == 5.0
+    regraded = run_json.regraded(twice, tmp_path / "run", 11.0, {"memory": "exact"})
+    assert regraded["regraded"] == {"from": str(tmp_path / "run"), "time": 11.0,
+                                    "grader_variants": {"memory": "exact"}}
+    assert {**regraded, "regraded": None} == {**twice, "regraded": None}
+    assert run_json.definition_of(regraded) == {"version": 1}
+    assert run_json.settings_of(regraded) == {"seed": 3}
+
+
+def test_run_json_accessors_read_an_old_or_hand_edited_run_as_saying_nothing() -> None:
+    from pytest_budgetbench.records import run_json
+
+    odd: Any = {"started": "soon", "definition": [1], "settings": "seed=3", "resumed": 4}
+    assert run_json.started(odd) is None and run_json.started({}) is None
+    assert run_json.definition_of(odd) is None and run_json.settings_of(odd) == {}
+    assert run_json.resumed(odd, 2.0)["resumed"] == [2.0]
+
+
+def test_replica_events_are_stamped_read_back_and_damaged_ones_skipped(tmp_path: Path) -> None:
+    from pytest_budgetbench.records import replicas
+
+    path = RunStore(tmp_path).replicas_path
+    replicas.append_event(path, {"event": "out", "replica": "http://a/v1", "cooldown_s": 30.0,
+                                 "error": "refused"}, worker="gw1", when=2.0)
+    with path.open("a") as handle:
+        handle.write('{"event": "gone", "replica": "x"}\n{"event": "out", "time": "late"}\n')
+    replicas.append_event(path, {"event": "back", "replica": "http://a/v1"}, worker=None,
+                          when=3.0)
+    with path.open("a") as handle:
+        handle.write('{"event": "out", "repl')  # torn
+    assert list(replicas.read_events(path)) == [
+        {"event": "out", "replica": "http://a/v1", "cooldown_s": 30.0, "error": "refused",
+         "worker": "gw1", "time": 2.0},
+        {"event": "back", "replica": "http://a/v1", "worker": None, "time": 3.0}]
+
+
+def test_a_synthetic_prompts_file_reads_back_through_its_owner(tmp_path: Path) -> None:
+    from pytest_budgetbench.records.prompts import read_prompts
+    from pytest_budgetbench.reports.synthetic import make_row, write_prompts, write_run
+
+    rows = [make_row(item_id="i1", reference=True), make_row(item_id="i2", budget=512)]
+    write_run(tmp_path, rows, torn_tail='{"cell_id": "torn')
+    path = write_prompts(tmp_path, rows)
+    prompts = list(read_prompts(path, {row["cell_id"] for row in rows}))
+    assert [p.cell_id for p in prompts] == [row["cell_id"] for row in rows]
+    assert len(prompts[0].messages or []) == 10 and len(prompts[1].messages or []) == 3
+    assert [row["cell_id"] for row in RunStore(tmp_path).rows()] == [
+        row["cell_id"] for row in rows]

@@ -280,7 +280,11 @@ def test_a_harm_shown_verdict_that_passed_carries_its_warning_through_its_report
     tmp_path: Path,
 ) -> None:
     from pytest_budgetbench.reports import gate_verdict
-    from pytest_budgetbench.reports.gates.verdicts import REGRESSION_GATE, GateSpec, GateVerdict
+    from pytest_budgetbench.reports.gates.verdicts import (
+        REGRESSION_GATE,
+        GateSpec,
+        GateVerdict,
+    )
 
     baseline = report_of(tmp_path, "base", run_rows(n=10))
     current = report_of(tmp_path, "now", run_rows(n=10))

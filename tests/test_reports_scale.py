@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytest_budgetbench.records import jsonl
 from pytest_budgetbench.records.store import read_jsonl
 from pytest_budgetbench.redact import redact_obj, register_secret
 from pytest_budgetbench.reports import build_report, load
@@ -56,12 +57,14 @@ def test_streamed_blocks_give_the_frame_of_the_whole_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int, parser: str
 ) -> None:
     run = messy_run(tmp_path)
-    whole = load.frame(list(read_jsonl(run / "cells.jsonl")))  # one block, json's rows
+    with monkeypatch.context() as json_only:  # the oracle: one block, json's rows
+        json_only.setattr(jsonl, "fast_loads", lambda: None)
+        whole = load.frame(list(read_jsonl(run / "cells.jsonl")))
     if parser == "json":
-        monkeypatch.setattr(load, "fast_loads", lambda: None)
-    elif load.fast_loads() is None:
+        monkeypatch.setattr(jsonl, "fast_loads", lambda: None)
+    elif jsonl.fast_loads() is None:
         pytest.skip("orjson is not installed")
-    monkeypatch.setattr(load, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(jsonl, "BLOCK_BYTES", block_bytes)
     streamed = load.load([run])
     pd.testing.assert_frame_equal(streamed, whole)
     # The NaN row (json's, not orjson's) and the key beyond the schema are there.

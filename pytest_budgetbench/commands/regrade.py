@@ -27,16 +27,13 @@ from typing import Any
 
 from pytest_budgetbench.engine.catalog import make_task
 from pytest_budgetbench.errors import ConfigError, DataError
+from pytest_budgetbench.records import cells, run_json
+from pytest_budgetbench.records.cells import CELLS_FILE
 from pytest_budgetbench.records.definition import same_gold, show
 from pytest_budgetbench.records.episodes import EpisodeRecord
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.records.store import (
-    CELLS_FILE,
-    EPISODES_FILE,
-    RunStore,
-    append_jsonl,
-    read_jsonl,
-)
+from pytest_budgetbench.records.run_json import RunInfo
+from pytest_budgetbench.records.store import EPISODES_FILE, RunStore
 from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.tasks import EpisodicTask, Grade, Item, Task
 
@@ -82,19 +79,19 @@ def regrade_run(
     accept_new_golds: bool = False,
 ) -> RegradeResult:
     """Re-grade ``run_dir``'s rows into ``out_dir`` (see the module docstring)."""
-    cells = run_dir / CELLS_FILE if run_dir.is_dir() else run_dir
-    if not cells.is_file():
+    path = cells.cells_file(run_dir)
+    if not path.is_file():
         raise DataError(f"regrade: no {CELLS_FILE} in {run_dir}: pass a run directory "
-                        "(<out>/<run_id>) or its cells.jsonl")
-    source = RunStore(cells.parent)
+                        f"(<out>/<run_id>) or its {CELLS_FILE}")
+    source = RunStore(path.parent)
     out = RunStore(out_dir or source.run_dir / DEFAULT_OUT)
     if out.cells_path.exists():
         raise ConfigError(f"regrade: {out.cells_path} already exists; pass --out to a new "
                           "directory, or remove it (it is never overwritten)")
     info = _run_info(source)
-    settings = _settings(info.get("settings") or {}, variants or {}, data_paths or {})
-    rows = list(read_jsonl(cells))
-    _check_rows(cells, rows)
+    settings = _settings(run_json.settings_of(info), variants or {}, data_paths or {})
+    rows = list(cells.read_rows(path))
+    _check_rows(path, rows)
     graders = _Graders(settings, source.episodes())
     changes: dict[tuple[str, str, int], CellChange] = defaultdict(CellChange)
     regraded, written = 0, []
@@ -118,7 +115,7 @@ def regrade_run(
         raise DataError(graders.new_golds_message())
     # Written once all rows are graded: a failure leaves no partial run behind.
     for row in written:
-        append_jsonl(out.cells_path, row)
+        cells.append_row(out.cells_path, row)
     if source.episodes_path.is_file():  # the regraded run's viewer shows them too
         shutil.copyfile(source.episodes_path, out.episodes_path)
     _write_run_info(out, info, source.run_dir, settings)
@@ -137,21 +134,21 @@ def old_quality(row: dict[str, Any]) -> float | None:
     return float(quality) if math.isfinite(quality) else None
 
 
-def _check_rows(cells: Path, rows: list[dict[str, Any]]) -> None:
+def _check_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     """Raise a one-line DataError when there is nothing to re-grade, or a row lacks what
     re-grading reads (a cell key with an integer budget)."""
     if not rows:
-        raise DataError(f"regrade: {cells} holds no row (it is empty, or no line is a JSON "
-                        "object): nothing to re-grade; pass a run's cells.jsonl")
+        raise DataError(f"regrade: {path} holds no row (it is empty, or no line is a JSON "
+                        f"object): nothing to re-grade; pass a run's {CELLS_FILE}")
     for row in rows:
         cell = row.get("cell_id", "(no cell_id)")
         absent = [key for key in ("task", "item_id", "strategy", "budget") if key not in row]
         if absent:
-            raise DataError(f"regrade: {cells} row {cell!r} lacks {', '.join(absent)}: it "
-                            "is not a budgetbench cell row; pass a run's cells.jsonl")
+            raise DataError(f"regrade: {path} row {cell!r} lacks {', '.join(absent)}: it "
+                            f"is not a budgetbench cell row; pass a run's {CELLS_FILE}")
         budget = row["budget"]
         if isinstance(budget, bool) or not isinstance(budget, int):
-            raise DataError(f"regrade: {cells} row {cell!r} has budget {repr(budget)[:40]}, "
+            raise DataError(f"regrade: {path} row {cell!r} has budget {repr(budget)[:40]}, "
                             "not an integer; the file is damaged or hand-edited: fix that row")
 
 
@@ -211,7 +208,7 @@ class _Graders:
         return self._tasks[name]
 
 
-def _run_info(store: RunStore) -> dict[str, Any]:
+def _run_info(store: RunStore) -> RunInfo:
     try:
         return store.run_info() or {}
     except ValueError as exc:
@@ -234,18 +231,14 @@ def _settings(recorded: dict[str, Any], variants: dict[str, str],
         raise DataError(f"regrade: run.json settings are not this version's ({exc})") from None
 
 
-def _write_run_info(out: RunStore, info: dict[str, Any], source: Path,
-                    settings: Settings) -> None:
-    recorded = dict(info)
-    recorded["regraded"] = {"from": str(source), "time": time.time(),
-                            "grader_variants": settings.grader or {}}
-    out.write_run_info(recorded)
+def _write_run_info(out: RunStore, info: RunInfo, source: Path, settings: Settings) -> None:
+    out.write_run_info(run_json.regraded(info, source, time.time(), settings.grader or {}))
 
 
 def format_changes(result: RegradeResult) -> Iterable[str]:
     """Lines of old vs new mean quality per task and strategy@budget."""
     yield (f"budgetbench: re-graded {result.regraded} of {result.rows} rows "
-           f"({result.kept} kept: not ok, or judged) -> {result.out_dir / CELLS_FILE}")
+           f"({result.kept} kept: not ok, or judged) -> {RunStore(result.out_dir).cells_path}")
     if result.new_golds:
         yield (f"budgetbench: {result.new_golds} rows were graded against golds that changed "
                "since the run (--accept-new-golds); their rows record the new gold")

@@ -29,7 +29,11 @@ from pytest_budgetbench.errors import (
     TokenizerError,
     first_missing,
 )
-from pytest_budgetbench.reports.gates.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
+from pytest_budgetbench.reports.gates.verdicts import (
+    RETENTION_GATE,
+    VIOLATION_GATE,
+    gate_specs,
+)
 from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.sweep.cells import Cell, split_reference
 

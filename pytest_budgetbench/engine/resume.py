@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import BudgetBenchError, ConfigError
-from pytest_budgetbench.records import definition
-from pytest_budgetbench.records.store import CELLS_FILE, RUN_FILE, RunStore
+from pytest_budgetbench.records import definition, run_json
+from pytest_budgetbench.records.cells import CELLS_FILE
+from pytest_budgetbench.records.run_json import RUN_FILE, RunInfo
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.settings.config import Settings, strategy_values, task_values
 from pytest_budgetbench.strategies import strategy_classes
 
@@ -61,13 +63,16 @@ def started_at(run_dir: Path) -> float:
     same second do not sort by time."""
     store = RunStore(run_dir)
     try:
-        return float((store.run_info() or {})["started"])
-    except (OSError, ValueError, KeyError, TypeError):
-        path = store.run_info_path
-        return path.stat().st_mtime if path.exists() else 0.0
+        started = run_json.started(store.run_info() or {})
+    except (OSError, ValueError):
+        started = None
+    if started is not None:
+        return started
+    path = store.run_info_path
+    return path.stat().st_mtime if path.exists() else 0.0
 
 
-def earlier_run_info(settings: Settings, store: RunStore) -> dict[str, Any] | None:
+def earlier_run_info(settings: Settings, store: RunStore) -> RunInfo | None:
     """The run.json a resumed run has (None for a new run, or one that cannot be read)."""
     if settings.resume is None:
         return None
@@ -131,15 +136,15 @@ def settings_from_record(recorded: dict[str, Any]) -> Settings:
 
 
 # -- the resume checks ---------------------------------------------------------------------
-def check_resume(run_id: str, earlier: dict[str, Any], current: dict[str, Any], *,
+def check_resume(run_id: str, earlier: RunInfo, current: dict[str, Any], *,
                  settings: Settings, catalog: Catalog,
                  recorded: Iterable[Mapping[str, Any]]) -> list[str]:
     """Refuse to resume a run whose cells this session would define otherwise: one
     line naming the first difference (or the first recorded gold, of the ``recorded``
     rows, that differs). Returns lines for the terminal (a resume not fully checked)."""
     notes = []
-    found_definition = earlier.get(definition.KEY)
-    if not isinstance(found_definition, dict):
+    found_definition = run_json.definition_of(earlier)
+    if found_definition is None:
         found_definition = legacy_definition(earlier)
         notes.append(
             f"run {run_id} was made before run.json recorded a definition: its "
@@ -156,10 +161,10 @@ def check_resume(run_id: str, earlier: dict[str, Any], current: dict[str, Any], 
     return notes
 
 
-def legacy_definition(earlier: dict[str, Any]) -> dict[str, Any]:
+def legacy_definition(earlier: RunInfo) -> dict[str, Any]:
     """What a run.json of an older version tells of its definition: its settings
     (option values as this version reads them), no data or item digests."""
-    recorded = earlier.get("settings") or {}
+    recorded = run_json.settings_of(earlier)
     try:
         block = run_definition(settings_from_record(recorded), earlier.get("model"),
                                str(recorded.get("tokenizer", "auto")), {})

@@ -40,9 +40,10 @@ from pytest_budgetbench.errors import (
 )
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.model.endpoint import Endpoint
-from pytest_budgetbench.records import definition
+from pytest_budgetbench.records import run_json
 from pytest_budgetbench.records.rows import FINAL_STATUSES
-from pytest_budgetbench.records.store import RunStore, read_jsonl
+from pytest_budgetbench.records.run_json import RunInfo
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.reports.gates import items as gate_items
 from pytest_budgetbench.reports.gates.verdicts import GateSpec, GateVerdict, gate_specs
 from pytest_budgetbench.settings.config import Settings
@@ -178,16 +179,17 @@ class BudgetBenchSession:
             self.settings, self.catalog, self.endpoint.model,
             self.counter_name,
             {name: e.model for name, e in self.aux_endpoints.items()})
-        info = {"run_id": self.run_id, "settings": self.settings.public(),
-                "endpoint": self.endpoint.label, "model": self.endpoint.model,
-                "server_flags": self.endpoint.server_flags, "started": time.time(),
-                definition.KEY: block}
+        info: RunInfo = {
+            "run_id": self.run_id, "settings": self.settings.public(),
+            "endpoint": self.endpoint.label, "model": self.endpoint.model,
+            "server_flags": self.endpoint.server_flags, "started": time.time(),
+            "definition": block}
         earlier = resume.earlier_run_info(self.settings, self.store)
         if earlier is not None:
             self.notes += resume.check_resume(self.run_id, earlier, block,
                                               settings=self.settings, catalog=self.catalog,
                                               recorded=self.recorded.values())
-            info = {**earlier, "resumed": [*earlier.get("resumed", []), time.time()]}
+            info = run_json.resumed(earlier, time.time())
         self.store.write_run_info(info)
 
     def _embedded(self) -> Endpoint:
@@ -399,8 +401,11 @@ class BudgetBenchSession:
 
     @functools.cached_property
     def _recorded_prompts(self) -> dict[str, list[Message]]:
-        return {entry["cell_id"]: entry["messages"] for entry in read_jsonl(
-            self.store.prompts_path) if "messages" in entry and "cell_id" in entry}
+        """The prompt each recorded cell's last prompts.jsonl record kept (none where only
+        its sha256 was kept)."""
+        return {prompt.cell_id: prompt.messages
+                for prompt in self.store.prompts_of(self.recorded.keys())
+                if prompt.messages is not None}
 
     def prefetch(self, cells: list[Cell]) -> None:
         """Start ``--budgetbench-concurrency`` cells at a time in threads (as many per

@@ -291,15 +291,16 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
     workers; without, one request at a time per replica from each process. Replicas
     taken out and back are kept in the run's ``replicas.jsonl``."""
     from pytest_budgetbench.model.replicas import ReplicaPool
-    from pytest_budgetbench.records.store import append_jsonl
+    from pytest_budgetbench.records import replicas
+    from pytest_budgetbench.records.replicas import ReplicaEvent
     from pytest_budgetbench.sweep.workers import worker_id
 
     events = RunStore(slots_dir.parent).replicas_path  # the slots live in the run's directory
 
     worker = worker_id()
 
-    def record(event: dict[str, object]) -> None:
-        append_jsonl(events, {**event, "worker": worker, "time": time.time()})
+    def record(event: ReplicaEvent) -> None:
+        replicas.append_event(events, event, worker=worker, when=time.time())
 
     return ReplicaPool(
         [chat_model(settings, endpoint, url) for url in endpoint.replicas],
@@ -313,11 +314,11 @@ def replica_pool(settings: Settings, endpoint: Endpoint, slots_dir: Path) -> Rep
 def replica_lines(run_dir: Path, since: float = 0.0) -> list[str]:
     """One line per replica taken out since ``since`` (this session: a resumed run's
     file holds earlier ones): how often, and its last failure."""
-    from pytest_budgetbench.records.store import read_jsonl
+    from pytest_budgetbench.records.replicas import ReplicaEvent, read_events
 
-    outs: dict[str, list[dict[str, object]]] = {}
-    for event in read_jsonl(RunStore(run_dir).replicas_path):
-        if event.get("event") == "out" and float(event.get("time") or 0) >= since:
+    outs: dict[str, list[ReplicaEvent]] = {}
+    for event in read_events(RunStore(run_dir).replicas_path):
+        if event["event"] == "out" and float(event.get("time") or 0) >= since:
             outs.setdefault(str(event.get("replica")), []).append(event)
     return [f"replica {replica} was taken out {len(events)} time(s) and its requests sent "
             f"to the others; the last failure: {events[-1].get('error')}"

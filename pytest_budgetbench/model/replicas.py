@@ -35,8 +35,9 @@ A team that serves one model on several vLLM or llama.cpp servers gives every UR
 
 Which replica answered changes no reply: the response cache keys on the pool's identity
 (:attr:`~pytest_budgetbench.model.endpoint.Endpoint.identity`, the model), never on a replica.
-Each replica taken out, and each one back, is told to ``on_event`` (the run keeps them in
-``replicas.jsonl``; the summary names them), with its URL redacted.
+Each replica taken out, and each one back, is told to ``on_event`` as a
+:class:`~pytest_budgetbench.records.replicas.ReplicaEvent` (the run keeps them in
+``replicas.jsonl``, through that module; the summary names them), with its URL redacted.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from pytest_budgetbench.errors import EndpointError, EndpointUnavailable, Malfor
 from pytest_budgetbench.messages import Message, Tool, shared_prefix
 from pytest_budgetbench.model.chat import ChatModel, Completion, RequestSlots
 from pytest_budgetbench.model.tool_parser import ToolParser
+from pytest_budgetbench.records.replicas import ReplicaEvent
 from pytest_budgetbench.redact import redact, redact_url
 
 COOLDOWN_S = 30.0
@@ -62,9 +64,6 @@ MAX_COOLDOWN_S = 600.0
 SLOT_POLL_S = 0.01
 """How often a request waiting for a slot another process holds looks again."""
 
-ReplicaEvent = dict[str, Any]
-"""``{"event": "out"|"back", "replica": <redacted URL>, ...}``; "out" also has
-``cooldown_s`` and ``error`` (redacted)."""
 
 
 @dataclass

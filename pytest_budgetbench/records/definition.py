@@ -1,5 +1,8 @@
 """What a run is: the ``definition`` block of run.json, and how two of them are compared.
 
+(run.json itself, and the block's place in it, are :mod:`~pytest_budgetbench.records.
+run_json`'s.)
+
 A cell id (task, item, strategy, budget) names a cell; the definition says what the cell
 held: the settings that change a prompt, a request or a grade, and per task its option
 values, its grader, a sha256 of its data file's content and a digest of each item::
@@ -30,8 +33,6 @@ from typing import Any
 from pytest_budgetbench.canonical import canonical_json, json_sha256
 
 VERSION = 1
-KEY = "definition"
-"""The block's key in run.json."""
 
 CELL_SETTINGS: tuple[str, ...] = (
     "model", "seed", "items", "max_tokens", "agent_max_tokens", "max_calls", "temperature",

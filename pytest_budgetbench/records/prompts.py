@@ -1,5 +1,5 @@
 """prompts.jsonl: the post-strategy prompt of a cell (``--budgetbench-audit``), written and
-read here.
+read here (the runner writes through :class:`~pytest_budgetbench.records.store.RunStore`).
 
 A record is ``{"cell_id": ..., "prompt_sha256": ..., "messages": [...], "evidence": [...]}``;
 with ``--budgetbench-audit=hash`` it has no ``messages`` and no ``evidence``. ``evidence``
@@ -11,11 +11,15 @@ the one whose sha256 its row names is its prompt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import Message
+from pytest_budgetbench.records import jsonl
+
+PROMPTS_FILE = "prompts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,20 @@ class PromptRecord:
                    prompt_sha256=sha256 if isinstance(sha256, str) else None,
                    messages=messages if isinstance(messages, list) else None,
                    evidence=evidence)
+
+
+def append_prompt(path: Path, prompt: PromptRecord) -> None:
+    """Append one cell's record, whole, under the file's lock (xdist workers share it)."""
+    jsonl.append_jsonl(path, prompt.record())
+
+
+def read_prompts(path: Path, cell_ids: Collection[str]) -> Iterator[PromptRecord]:
+    """The records of these cells, in the file's order (a resumed cell has one per
+    attempt); other cells' lines are skipped unparsed, and so is a torn line."""
+    for _cell_id, record in jsonl.cell_records(path, cell_ids):
+        yield PromptRecord.from_record(record)
+
+
+def write_prompts(path: Path, prompts: Iterable[PromptRecord]) -> None:
+    """Write a whole prompts.jsonl at once (a synthetic run's; a sweep appends)."""
+    jsonl.write_lines(path, (prompt.record() for prompt in prompts))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import ConfigError, ReportError
-from pytest_budgetbench.records import definition
+from pytest_budgetbench.records import definition, run_json
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.extensions import ExtraTable, ReportExtension, report_extensions
@@ -161,8 +161,8 @@ def write_report(report: Report, out_dir: Path | None = None, *, plots: bool = T
 def definition_notes(run_dirs: Sequence[Path]) -> list[str]:
     """A line for each run whose definition (run.json) differs from the first run's in what
     defines a cell: merged, their rows would count as one sweep's."""
-    infos = [(run, (load.run_info(run) or {}).get(definition.KEY)) for run in run_dirs]
-    defined = [(run, block) for run, block in infos if isinstance(block, dict)]
+    infos = [(run, run_json.definition_of(load.run_info(run) or {})) for run in run_dirs]
+    defined = [(run, block) for run, block in infos if block is not None]
     notes = []
     for run, block in defined[1:]:
         found = definition.differences(defined[0][1], block)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pytest_budgetbench.errors import DiffError
-from pytest_budgetbench.records import definition
+from pytest_budgetbench.records import definition, run_json
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.reports import load, render, report_json, tables, viewer, viewer_page
 from pytest_budgetbench.reports.gates.judging import judge_change
@@ -155,11 +155,11 @@ def _check_same_items(run_a: Path, run_b: Path, rows_a: pd.DataFrame, rows_b: pd
 def _items_definition(run: Path) -> dict[str, Any]:
     """A run's definition; for a run.json without one, its recorded seed."""
     info = load.run_info(run) or {}
-    if isinstance(info.get(definition.KEY), dict):
-        return dict(info[definition.KEY])
-    settings = info.get("settings")
-    return {"settings": {"seed": settings["seed"]}} if isinstance(settings, dict) \
-        and "seed" in settings else {}
+    block = run_json.definition_of(info)
+    if block is not None:
+        return dict(block)
+    settings = run_json.settings_of(info)
+    return {"settings": {"seed": settings["seed"]}} if "seed" in settings else {}
 
 
 def _golds(rows: pd.DataFrame) -> dict[tuple[str, str], Any]:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import cache
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import ReportError
+from pytest_budgetbench.records import cells, run_json
+from pytest_budgetbench.records.cells import CELLS_FILE
 from pytest_budgetbench.records.rows import (
     CATEGORICAL,
     CELL_KEY,
@@ -28,7 +28,7 @@ from pytest_budgetbench.records.rows import (
     ROW_FIELDS,
     Status,
 )
-from pytest_budgetbench.records.store import CELLS_FILE, RunStore
+from pytest_budgetbench.records.run_json import RunInfo
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,20 +41,12 @@ REPORT_FIELDS: tuple[str, ...] = (
 """The row fields the report's own tables, facts and error list read: the cell's key and
 the measures as the schema (records.rows) marks them, and a few fields it names."""
 
-BLOCK_BYTES = 8 << 20
-"""cells.jsonl is read in blocks of about this many bytes of whole lines."""
-
 _COLUMN_SAMPLE = 1000
 """Keys beyond the schema become columns when one of the first this many rows has them."""
 
 # String fields with few distinct values (the schema's CATEGORICAL): each distinct value is
 # kept once per block, so a million rows hold a million pointers to one "memory", not a
 # million copies of it.
-
-
-def cells_path(run_dir: Path) -> Path:
-    """The cells file of a run directory; a cells.jsonl path is accepted as itself."""
-    return run_dir if run_dir.is_file() else run_dir / CELLS_FILE
 
 
 def load(run_dirs: Sequence[Path], fields: Iterable[str] | None = None, *,
@@ -129,7 +121,7 @@ def report_columns(fields: Iterable[str]) -> list[str]:
 def _cells_file(run_dir: Path) -> Path:
     if not run_dir.exists():
         raise ReportError(f"run directory not found: {run_dir}")
-    return cells_path(run_dir)
+    return cells.cells_file(run_dir)
 
 
 def require_rows(run_dir: Path) -> None:
@@ -157,93 +149,26 @@ _PROBE_BYTES = 1 << 16
 
 
 def row_blocks(path: Path, block_bytes: int = 0) -> Iterator[list[dict[str, Any]]]:
-    """The rows of a cells file, one block of whole lines at a time (none if it is absent)."""
+    """The rows of a cells file, one block of whole lines at a time (none if it is absent;
+    :func:`~pytest_budgetbench.records.cells.row_blocks`), a file that cannot be read one
+    ReportError."""
     try:
-        handle = path.open("rb")
-    except FileNotFoundError:
-        return
+        yield from cells.row_blocks(path, block_bytes)
     except OSError as exc:  # a directory, a symlink loop, no permission
         raise ReportError(f"cannot read {path} ({exc.strerror or exc}): pass a run directory "
                           f"(<out>/<run_id>) or its {CELLS_FILE}") from None
-    with handle:
-        rest = b""
-        while chunk := handle.read(block_bytes or BLOCK_BYTES):
-            data = rest + chunk
-            cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
-            if cut:
-                yield _parse(data[:cut])
-        if rest:  # a last line without its newline: whole, or a torn write
-            yield _parse(rest)
 
 
-def _parse(data: bytes) -> list[dict[str, Any]]:
-    """The rows of some whole lines; a line that is not a JSON object (a torn write) is
-    skipped, as read_jsonl does.
-
-    With orjson (the ``reports`` extra), each line is parsed by it, and any line it refuses
-    by ``json`` (which also reads NaN, huge integers and lone surrogates): the rows are
-    those ``json`` gives, three times as fast. Without it, one parse of the joined lines
-    is about twice as fast as a parse per line, which it falls back to at a bad line.
-    """
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    fast = fast_loads()
-    if fast is not None:
-        return [row for row in (_load_line(fast, line) for line in lines)
-                if isinstance(row, dict)]
-    try:
-        parsed = json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:
-        return _parse_lines(lines)
-    if len(parsed) != len(lines):  # a line held several values: not one row per line
-        return _parse_lines(lines)
-    return [row for row in parsed if isinstance(row, dict)]
-
-
-def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
-    return [row for row in (_load_line(None, line) for line in lines) if isinstance(row, dict)]
-
-
-def _load_line(fast: Callable[[bytes], Any] | None, line: bytes) -> Any:
-    if fast is not None:
-        try:
-            return fast(line)
-        except ValueError:  # orjson.JSONDecodeError is one
-            pass
-    try:
-        return json.loads(line)
-    except ValueError:
-        return None
-
-
-def parse_line(line: bytes) -> dict[str, Any] | None:
-    """One cells.jsonl line as a row, parsed as :func:`row_blocks` parses it; None for a
-    line that is not a JSON object (a torn write)."""
-    row = _load_line(fast_loads(), line)
-    return row if isinstance(row, dict) else None
-
-
-@cache
-def fast_loads() -> Callable[[bytes], Any] | None:
-    """orjson's parser where it is installed (looked up once, on first use), else None."""
-    try:
-        import orjson
-    except ImportError:
-        return None
-    loads: Callable[[bytes], Any] = orjson.loads
-    return loads
-
-
-def read_run_info(run_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+def read_run_info(run_dirs: Iterable[Path]) -> list[RunInfo]:
     """The run.json of each run that has one (settings, for the report's provenance)."""
     return [info for info in map(run_info, run_dirs) if info is not None]
 
 
-def run_info(run_dir: Path) -> dict[str, Any] | None:
+def run_info(run_dir: Path) -> RunInfo | None:
     """A run's run.json (its settings and definition), or None when it has none or it
     cannot be read."""
     try:
-        return RunStore.of(run_dir).run_info()
+        return run_json.read_run(run_dir)
     except (OSError, ValueError):
         return None
 

@@ -6,14 +6,15 @@ reference strategies violate whenever their (long) prompt exceeds the budget.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_budgetbench.records import cells, prompts
+from pytest_budgetbench.records.prompts import PromptRecord
 from pytest_budgetbench.records.rows import CellRow, Status
-from pytest_budgetbench.records.store import CELLS_FILE, PROMPTS_FILE
+from pytest_budgetbench.records.store import RunStore
 
 
 def make_row(
@@ -110,12 +111,7 @@ def iter_synthetic_rows(
 
 def write_run(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, torn_tail: str = "") -> Path:
     """Write rows as a run directory's cells.jsonl (optionally ending in a torn line)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / CELLS_FILE
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        handle.write(torn_tail)
+    cells.write_rows(run_dir, rows, torn_tail=torn_tail)
     return run_dir
 
 
@@ -133,14 +129,15 @@ def write_prompts(run_dir: Path, rows: Iterable[Mapping[str, Any]], *, turns: in
     """A prompts.jsonl for the rows (as ``--budgetbench-audit=full`` writes it): a reference
     row's prompt is the whole history, another keeps the system message, the last turns
     (more at larger budgets) and the question."""
-    path = run_dir / PROMPTS_FILE
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            history = synthetic_history(str(row["item_id"]), turns)
-            if not row.get("reference"):
-                keep = max(1, min(turns, int(row["budget"]) // 512))
-                history = [history[0], *history[-1 - keep:]]
-            record = {"cell_id": row["cell_id"], "prompt_sha256": row.get("prompt_sha256") or "",
-                      "messages": history}
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    path = RunStore(run_dir).prompts_path
+    prompts.write_prompts(path, (_prompt(row, turns) for row in rows))
     return path
+
+
+def _prompt(row: Mapping[str, Any], turns: int) -> PromptRecord:
+    """A row's synthetic prompt (see :func:`write_prompts`)."""
+    history = synthetic_history(str(row["item_id"]), turns)
+    if not row.get("reference"):
+        keep = max(1, min(turns, int(row["budget"]) // 512))
+        history = [history[0], *history[-1 - keep:]]
+    return PromptRecord(str(row["cell_id"]), row.get("prompt_sha256") or "", history)

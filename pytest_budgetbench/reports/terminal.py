@@ -205,9 +205,9 @@ def write_summary(
     """The summary of the run in ``run_dir``: the computed ``report``'s numbers when there
     is one, the gates' ``verdicts``, and where the report was written (or why not)."""
     from pytest_budgetbench.records.rows import last_row_per_cell
-    from pytest_budgetbench.records.store import CELLS_FILE, read_jsonl
+    from pytest_budgetbench.records.store import RunStore
 
-    rows = last_row_per_cell(read_jsonl(Path(run_dir) / CELLS_FILE))
+    rows = last_row_per_cell(RunStore(Path(run_dir)).rows())
     terminalreporter.section("budgetbench summary")
     if not rows:
         terminalreporter.write_line(f"no cells recorded; run directory: {run_dir}")

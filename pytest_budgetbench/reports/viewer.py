@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import text_of, tool_calls_of
+from pytest_budgetbench.records.cells import cells_file, read_rows
 from pytest_budgetbench.records.episodes import CALL_PAGE_KEYS, CallRecord, EpisodeRecord
 from pytest_budgetbench.records.prompts import PromptRecord
 from pytest_budgetbench.records.rows import PAGE_KEYS
-from pytest_budgetbench.records.store import RunStore, lines_of
-from pytest_budgetbench.reports.load import cells_path, parse_line
+from pytest_budgetbench.records.store import RunStore
 
 MAX_ROWS = 25_000
 """Rows embedded in one page (a 25-cell sweep of 1,000 items); beyond, items are left out
@@ -102,7 +102,7 @@ def viewer_data(
     picked = _Picked(max_rows)
     for side in sides:
         for run_dir in side.run_dirs:
-            for row in _rows_of(cells_path(run_dir), picked):
+            for row in _rows_of(cells_file(run_dir), picked):
                 key = (side.label, str(row.get("task")), str(row.get("strategy")),
                        _integer(row.get("budget")))
                 if key in index:
@@ -151,19 +151,19 @@ class _Picked:
 
 
 def _rows_of(path: Path, picked: _Picked) -> Iterator[dict[str, Any]]:
-    """The rows of a cells file, each line parsed as the report's loader parses it (orjson
-    where installed); once the page is full, only those of picked items: a row of another
-    item is counted as left out."""
-    for line in lines_of(path):
-        row = parse_line(line)
-        if row is None:
-            continue
-        if picked.full and "task" in row and "item_id" in row:
-            item = (str(row["task"]), str(row["item_id"]))
-            if item[1] not in picked.item_ids:
-                picked.left_out.add(item)
-                continue
-        yield row
+    """The rows of a cells file, read as the report's loader reads them (records.cells);
+    once the page is full, only those of picked items: a row of another item is counted as
+    left out. A file that cannot be read gives none: the tables, read before, said so."""
+    try:
+        for row in read_rows(path):
+            if picked.full and "task" in row and "item_id" in row:
+                item = (str(row["task"]), str(row["item_id"]))
+                if item[1] not in picked.item_ids:
+                    picked.left_out.add(item)
+                    continue
+            yield row
+    except OSError:
+        return
 
 
 def _wanted(picked: _Picked, episodes: bool = False) -> dict[tuple[str, str], str | None]:
