@@ -138,7 +138,7 @@ def compute_report(
             f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
         )
     if "evidence_retention" in rows.columns and rows["evidence_retention"].notna().any():
-        from pytest_budgetbench.reports.terminal import retention_notes
+        from pytest_budgetbench.reports.verdicts import retention_notes
 
         notes += retention_notes(rows[[*tables.CELL, "item_id", "status", "evidence_retention"]]
                                  .to_dict("records"))
