@@ -32,9 +32,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pytest_budgetbench.errors import ConfigError
+
+V = TypeVar("V")
 
 Parser = Callable[[str], Any]
 """Turns the raw text of a value into the value; raises ValueError whose message says
@@ -231,6 +233,28 @@ def name_list(raw: str) -> tuple[str, ...]:
     if not names:
         raise ValueError("must name at least one entry, e.g. a,b")
     return names
+
+
+def keyed(option: str, raw: str | None, pairs: Iterable[tuple[str, V]],
+          named: Callable[[str], str] = repr) -> dict[str, V]:
+    """The ``(key, value)`` pairs of the list option ``option`` (its text ``raw``) as a
+    dict, in order: the one rule of every keyed list option. A key given twice with the
+    same value is taken once; with different values it is a ConfigError, never last-wins
+    (``--budgetbench-min-retention=truncation@2048=0.5,truncation@2048=0`` would silently
+    keep the weaker floor). ``named`` says a key in the message."""
+    values: dict[str, V] = {}
+    for key, value in pairs:
+        if key in values and values[key] != value:
+            raise ConfigError(
+                f"{option} sets {named(key)} twice with different values, "
+                f"{_shown(values[key])} and {_shown(value)}: keep the one you mean"
+                + ("" if raw is None else f" (got {raw!r})"))
+        values[key] = value
+    return values
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
 
 
 def choice(*choices: str) -> Parser:

@@ -15,6 +15,7 @@ the modules that own it: :mod:`~pytest_budgetbench.pytest_face.arguments` (optio
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -170,7 +171,12 @@ class SweepPlugin:
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._restore_sigterm()
-        self.session.stop()
+        try:
+            self.session.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: one line, not a traceback out of pytest
+            sys.stderr.write("budgetbench: interrupted again while stopping: cells in flight "
+                             "were not waited for; resume the run with "
+                             "--budgetbench-resume=latest\n")
 
     # -- --budgetbench-concurrency without xdist: cells run ahead in threads ------------
     def pytest_runtestloop(self, session: pytest.Session) -> None:
@@ -250,6 +256,11 @@ class SweepPlugin:
         except BudgetBenchError as exc:  # e.g. a full disk: one line, not a traceback
             self.finish_error = redact(f"budgetbench: {exc}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        except KeyboardInterrupt:  # Ctrl-C (again) while the report is written
+            self.finish_error = (
+                "budgetbench: interrupted while writing the report: the run's records are "
+                f"kept; write it with `budgetbench report {self.session.store.run_dir}`")
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
 
     @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the answer comes last
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -388,6 +388,26 @@ def test_a_read_only_source_is_merged_and_left_byte_for_byte_as_it_was(
     assert VectorStore(into / STORE_FILE).load(SPACE, ["key"]) == {"key": b"vector" * 4}
 
 
+def test_a_read_only_destination_is_one_line_that_says_what_to_pass_the_command(
+    tmp_path: Path, read_only: tuple[Path, list[str]]
+) -> None:
+    """The merge runs no sweep: its way out is another --into, not a pytest flag, and never
+    deleting a cache that may be another user's."""
+    into, prefix = read_only
+    source = tmp_path / "source"
+    responses(source).store("other", reply("Biscuit"))
+    merged = subprocess.run(
+        [*prefix, sys.executable, "-m", "pytest_budgetbench.commands.cli", "cache", "merge",
+         str(source), "--into", str(into)], capture_output=True, text=True)
+    assert merged.returncode == EXIT_USAGE, merged.stderr
+    (line,) = merged.stderr.splitlines()
+    assert line.startswith(f"budgetbench: error: the response cache {into / CACHE_FILE} cannot "
+                           "be merged into: ")
+    assert line.endswith("pass budgetbench cache merge --into a folder you can write (a new "
+                         "one is made), or make this one writable")
+    assert "--budgetbench-" not in line and "delete" not in line
+
+
 def test_a_writable_source_is_only_read_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -113,6 +113,23 @@ def test_violation_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "gate failed: trunc@500: violation rate 20.0%" in capsys.readouterr().err
 
 
+def test_a_retention_floor_given_twice_or_of_a_cell_not_recorded_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Never last-wins (0.9,0.1 would judge at 0.1), and a mistyped cell is named as one."""
+    run_dir = write_run(tmp_path / "run", rows())
+    with pytest.raises(SystemExit) as info:
+        run([str(run_dir), "--min-retention=0.9,0.1"])
+    assert info.value.code == EXIT_USAGE
+    assert ("argument --min-retention: sets the floor of every non-reference strategy@budget "
+            "twice with different values, 0.9 and 0.1: keep the one you mean"
+            ) in capsys.readouterr().err
+    assert run([str(run_dir), "--min-retention=rag@4096=0.5"]) == EXIT_USAGE
+    assert ("budgetbench: error: --min-retention: rag@4096 is not a strategy@budget of these "
+            "records (they hold full_context@2000, trunc@500); name one they hold"
+            ) in capsys.readouterr().err
+
+
 def test_regression_gate_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = write_run(tmp_path / "base", rows(quality=1.0))
     assert run([str(base)]) == EXIT_OK

@@ -156,6 +156,41 @@ def test_bad_values_raise_config_error_naming_the_value(dest: str, raw: str) -> 
     assert spec.flags[0] in message  # and the option it belongs to
 
 
+@pytest.mark.parametrize(("cli", "expected"), [
+    ({"min_retention": "truncation@2048=0.5,truncation@2048=0"},
+     "--budgetbench-min-retention sets 'truncation@2048' twice with different values, 0.5 "
+     "and 0: keep the one you mean"),
+    ({"min_retention": "0.5,0"}, "--budgetbench-min-retention sets the floor of every "
+     "non-reference strategy@budget twice with different values, 0.5 and 0"),
+    ({"task_options": "history_tokens=600,history_tokens=900"},
+     "--budgetbench-task-options sets 'history_tokens' twice with different values"),
+    ({"strategy_options": "rag_chunk=64,rag_chunk=128"},
+     "--budgetbench-strategy-options sets 'rag_chunk' twice with different values"),
+    ({"aux_models": "aux=http://a/v1,aux=http://b/v1"},
+     "--budgetbench-aux-models sets 'aux' twice with different values"),
+    ({"grader": "locomo:first-line,locomo:official"},
+     "--budgetbench-grader sets task 'locomo' twice with different values"),
+    ({"named_tasks": "a=jsonl(path=x.jsonl),a=jsonl(path=y.jsonl)"},
+     "--budgetbench-named-tasks sets task 'a' twice with different values"),
+    ({"named_tasks": "a=jsonl(path=x.jsonl)", "tasks": "a=jsonl(path=y.jsonl)"},
+     "--budgetbench-tasks with --budgetbench-named-tasks sets task 'a' twice with different "
+     "values"),
+])
+def test_a_key_given_twice_with_different_values_is_refused_never_last_wins(
+    cli: dict[str, str], expected: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(cli=cli)
+    assert str(info.value).startswith(expected)
+
+
+def test_a_key_given_twice_with_the_same_value_is_taken_once() -> None:
+    settings = load(cli={"min_retention": "0.5,truncation@2048=0.2,0.5,truncation@2048=0.2",
+                         "task_options": "history_tokens=600,history_tokens=600"})
+    assert settings.min_retention == {"": 0.5, "truncation@2048": 0.2}
+    assert settings.task_options == {"history_tokens": "600"}
+
+
 def test_core_task_and_strategy_options_are_one_type() -> None:
     assert all(type(spec) is Option for spec in ALL)
     assert {spec.section for spec in OPTIONS} == {""}

@@ -341,6 +341,22 @@ def test_a_reply_whose_calls_share_an_id_is_the_models_error_not_the_strategys(
     result.assert_outcomes(errors=1)
 
 
+def test_an_endpoint_failure_names_the_call_of_the_episode_it_failed(
+    pytester: pytest.Pytester, agent: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A 500 (or a timeout) at the second call: the row's error says which call, as a
+    malformed reply's does."""
+    agent.faults = ["", "500"]
+    result = pytester.runpytest(*lookup_args(
+        agent, tmp_path, "--budgets=8192", "--budgetbench-strategies=full_context",
+        "--budgetbench-items=1", "--budgetbench-retries=1"))
+    (row,) = rows_of(tmp_path)
+    assert row["status"] == "error"
+    assert row["error"].endswith("; it failed call 2 of the episode"), row["error"]
+    assert "500" in row["error"] and "\n" not in row["error"]
+    result.assert_outcomes(errors=1)
+
+
 def hermes_agent(messages: list[dict[str, Any]]) -> str:
     """The scripted agent, its calls written as text in <tool_call> blocks, as a server
     that does not parse them (llama-cpp-python's) returns them."""

@@ -14,6 +14,7 @@ from pytest_budgetbench.engine.evidence import (
     TrajectoryEvidence,
     missing_evidence,
     retention,
+    spans_kept,
     tally,
     texts_of,
 )
@@ -173,6 +174,13 @@ def test_a_span_is_kept_in_content_text_parts_tool_arguments_and_tool_results() 
     assert retention((), prompt) is None
 
 
+def test_a_span_given_twice_is_counted_once() -> None:
+    prompt = [{"role": "user", "content": "code ALPHA"}]
+    assert retention(("code ALPHA", "code ALPHA", "code BETA"), prompt) == Retention(2, 1)
+    assert spans_kept(("B", "A", "B"), [{"role": "user", "content": "A"}]) == [
+        SpanKept("B", False), SpanKept("A", True)]
+
+
 def test_a_span_across_two_messages_or_reworded_is_not_kept() -> None:
     prompt = [{"role": "user", "content": "the code is"},
               {"role": "user", "content": "ALPHA"}]
@@ -219,3 +227,32 @@ def test_summary_csv_averages_retention_over_the_rows_that_have_it(tmp_path: Pat
     by_strategy = dict(zip(csv["strategy"], csv["evidence_retention_mean"], strict=True))
     assert by_strategy["truncation"] == pytest.approx(0.75)
     assert pd.isna(by_strategy["rag"])
+
+
+def test_items_that_declare_evidence_left_out_of_a_mean_are_counted_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Over budget or errored, an item that declares evidence is not in its cell's mean:
+    the report says how many of how many, and why, rather than averaging in silence."""
+    pytest.importorskip("pandas")
+    from pytest_budgetbench.commands.cli import main
+    from pytest_budgetbench.reports.gates.verdicts import retention_notes
+
+    rows = [make_row(item_id="a", evidence_total=2, evidence_kept=1, evidence_retention=0.5),
+            make_row(item_id="b", status="violation", evidence_total=1, evidence_kept=0,
+                     evidence_retention=0.0),
+            make_row(item_id="c", status="error"),
+            make_row(item_id="d"),  # declares none: in no count
+            make_row(strategy="full_context", item_id="c", evidence_total=1, evidence_kept=1,
+                     evidence_retention=1.0),
+            make_row(strategy="full_context", item_id="a", evidence_total=2, evidence_kept=2,
+                     evidence_retention=1.0),
+            make_row(strategy="full_context", item_id="b", evidence_total=1, evidence_kept=1,
+                     evidence_retention=1.0)]
+    note = ("task memory: truncation@1000: evidence retention is the mean over 1 of the 3 "
+            "items that declare evidence; left out: 1 over budget (the prompt was not sent), "
+            "1 errored (see cells.jsonl)")
+    assert retention_notes(rows) == [note]
+    run = write_run(tmp_path / "run", rows)
+    assert main(["report", str(run), "--no-plots", "--resamples", "50"]) == 0
+    assert f"budgetbench: warning: {note}" in capsys.readouterr().err.splitlines()

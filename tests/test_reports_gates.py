@@ -208,6 +208,29 @@ def test_a_baseline_of_other_tasks_is_not_comparable(tmp_path: Path) -> None:
     assert "task 'b'" in reason and "no cells of it" in reason
 
 
+def test_a_regression_gate_that_compared_nothing_fails_and_says_so(tmp_path: Path) -> None:
+    """Model-free runs over items without evidence: no quality and no retention to pair,
+    so each regression gate fails naming the cell, rather than passing with no change."""
+    from pytest_budgetbench.reports import gate_verdict
+    from pytest_budgetbench.reports.gates.verdicts import REGRESSION_GATE, GateSpec
+
+    rows = [make_row("own", f"i{i}", "trunc", 500, quality=None) for i in range(10)]
+    baseline = report_of(tmp_path, "base", rows)
+    current = report_of(tmp_path, "now", rows)
+    (reason,) = regression_gate(current, baseline.paths["json"], 0.1)
+    assert reason.startswith(f"own: trunc@500: nothing was compared with baseline "
+                             f"{baseline.paths['json']}: no item has a quality or an evidence "
+                             "retention in both runs")
+    verdict = gate_verdict(current, GateSpec(REGRESSION_GATE, "trunc", 500),
+                           max_regression=0.1, baseline=baseline.paths["json"])
+    assert not verdict.passed and verdict.reasons == (reason,)
+    # One item with quality in both runs is a comparison: no such failure.
+    rows[0] = make_row("own", "i0", "trunc", 500, quality=1.0)
+    compared = report_of(tmp_path, "one", rows)
+    assert not any("nothing was compared" in line for line in regression_gate(
+        compared, report_of(tmp_path, "base1", rows).paths["json"], 0.1, HARM))
+
+
 def test_check_baseline_comparable_before_a_sweep(tmp_path: Path) -> None:
     baseline = report_of(tmp_path, "base", run_rows()).paths["json"]
     assert check_baseline_comparable(baseline, [("memory", "trunc", 500)]) == []

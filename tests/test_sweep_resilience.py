@@ -4,6 +4,7 @@ bounded concurrency, end to end against the fake endpoint."""
 from __future__ import annotations
 
 import csv
+import fnmatch
 import json
 import re
 import signal
@@ -406,6 +407,33 @@ def test_a_run_in_use_by_another_session_is_refused(
 
 
 # -- Ctrl-C: stop within seconds, the cells in flight left for the resume ---------------------
+@pytest.mark.parametrize(("method", "line"), [
+    ("finish", "budgetbench: interrupted while writing the report: the run's records are "
+     "kept; write it with `budgetbench report *`"),
+    ("stop", "budgetbench: interrupted again while stopping: cells in flight were not "
+     "waited for; resume the run with --budgetbench-resume=latest"),
+])
+def test_a_ctrl_c_while_the_session_ends_is_one_line_not_a_traceback(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path, method: str,
+    line: str
+) -> None:
+    """The second Ctrl-C of an impatient user lands where the session ends: writing the
+    report, or stopping the cells and the server. It used to print pytest's traceback."""
+    pytester.makeconftest(f"""
+        from pytest_budgetbench.engine.session import BudgetBenchSession
+
+        def interrupted(self):
+            raise KeyboardInterrupt  # the Ctrl-C, as it lands in this method
+
+        BudgetBenchSession.{method} = interrupted
+        """)
+    result = pytester.runpytest_subprocess(*sweep_args(
+        fake_endpoint, tmp_path, "--budgets=8192", "--budgetbench-items=1"))
+    output = "\n".join((*result.stdout.lines, *result.stderr.lines))
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert any(fnmatch.fnmatch(text, line) for text in output.splitlines()), output
+
+
 def test_ctrl_c_starts_no_model_call_and_leaves_the_episodes_in_flight_for_the_resume(
     tmp_path: Path,
 ) -> None:

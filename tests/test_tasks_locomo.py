@@ -187,6 +187,20 @@ def test_evidence_ids_in_one_entry_and_unknown_ids(tmp_path: Path) -> None:
     assert _in_one_message(first)
 
 
+def test_a_turn_a_chunk_boundary_cuts_is_evidence_in_its_parts(tmp_path: Path) -> None:
+    """A turn ending in a blank line is cut there by the chunker (its closing quote starts
+    the next message): the item keeps its evidence, the part each message holds, instead
+    of dropping out of retention as if it declared none."""
+    samples = locomo_samples()
+    cut = samples[0]["conversation"]["session_2"][0]
+    cut["text"] += "\n\n"
+    first = _task(write_json(tmp_path / "locomo10.json", samples), chunk_tokens=25).load()[0]
+    whole = 'Caroline said, "I have been researching adoption agencies and counseling courses.'
+    assert not any(f'{whole}\n\n"' in text_of(m) for m in first.messages)  # it was cut
+    assert first.evidence == (whole,)
+    assert _in_one_message(first)
+
+
 @pytest.mark.skipif(not REAL.is_file(), reason="shared LoCoMo data not present")
 def test_real_file_evidence_is_verbatim_in_the_history() -> None:
     items = _task(REAL).load()

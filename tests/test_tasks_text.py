@@ -11,6 +11,7 @@ from pytest_budgetbench.tasks._text import (
     chunk_text,
     contains_phrase,
     document_messages,
+    evidence_in_messages,
     normalize_answer,
     porter_stem,
     says_unanswerable,
@@ -130,3 +131,21 @@ def test_document_messages_repeat_the_header_on_every_piece() -> None:
     assert all(str(m["content"]).startswith("[2023/05/20] (part ") for m in messages)
     assert str(messages[-1]["content"]).startswith(f"[2023/05/20] (part {len(messages)}/")
     assert document_messages("   \n ", 10) == []
+
+
+def test_evidence_cut_by_a_chunk_boundary_becomes_its_parts() -> None:
+    """The one rule every task's evidence follows: whole where one message holds it, else
+    the parts the cut left in each message; nothing for a span the history lacks."""
+    turn = " ".join(f"Sentence {i} gives code C{i}." for i in range(12))
+    messages = document_messages(turn, 16, header="[day 1]")
+    assert len(messages) > 2 and not any(turn in str(m["content"]) for m in messages)
+    parts = evidence_in_messages([turn, "intact span", turn, "not in the history"],
+                                 [*messages, {"role": "user", "content": "an intact span"}])
+    assert parts[-1] == "intact span"
+    assert len(parts) == len(messages) + 1
+    assert "".join(parts[:-1]).replace(" ", "") == turn.replace(" ", "")
+    assert all(any(part in str(m["content"]) for m in messages) for part in parts[:-1])
+    # A part of punctuation alone (a closing quote the cut left) holds nothing to keep.
+    quoted = document_messages('Mel said, "' + "x" * 40 + '\n\n"\nnext', 14)
+    assert evidence_in_messages(['Mel said, "' + "x" * 40 + '\n\n"'], quoted) == (
+        'Mel said, "' + "x" * 40,)

@@ -228,6 +228,16 @@ def test_a_reply_whose_calls_share_an_id_is_malformed_as_received(fake: FakeOpen
     assert len(fake.requests) == 1  # the same server would make the same reply: no retry
 
 
+def test_arguments_sent_as_an_object_are_kept_as_json_text(fake: FakeOpenAI) -> None:
+    """Some servers send a call's arguments as a JSON object, not its text: the call is
+    kept as the OpenAI format has it (JSON text), never a Python repr of the object."""
+    fake.responder = lambda messages: {"content": None, "tool_calls": [{
+        **CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    reply = ChatModel(fake.base_url, fake.model).complete(EPISODE, max_tokens=8, tools=TOOLS)
+    assert reply.tool_calls == ({**CALL, "function": {"name": "get_weather",
+                                                      "arguments": '{"city": "Paris"}'}},)
+
+
 HERMES_REPLY = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}\n</tool_call>'
 
 

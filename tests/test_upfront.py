@@ -78,6 +78,21 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
             ["--budgetbench-strategies=full_context", "--budgetbench-min-retention=0.9"],
             "*--budgetbench-min-retention judges nothing: *(e.g. "
             "--budgetbench-min-retention=full_context@512=0.9)*"),
+        "retention floor given twice": (
+            ["--budgetbench-min-retention=truncation@512=0.5,truncation@512=0"],
+            "*--budgetbench-min-retention sets 'truncation@512' twice with different values, "
+            "0.5 and 0: keep the one you mean*"),
+        "bare retention floor given twice": (
+            ["--budgetbench-min-retention=0.5,0"],
+            "*--budgetbench-min-retention sets the floor of every non-reference "
+            "strategy@budget twice with different values, 0.5 and 0*"),
+        "retention floor of a cell not swept": (
+            ["--budgetbench-min-retention=rag@4096=0.5"],
+            "*--budgetbench-min-retention: rag@4096 is not a strategy@budget of this sweep "
+            "(it runs truncation@512); name one it runs"),
+        "task option given twice": (
+            ["--budgetbench-task-options=history_tokens=600,history_tokens=900"],
+            "*--budgetbench-task-options sets 'history_tokens' twice with different values*"),
     }
 
 
@@ -87,6 +102,8 @@ CASES = [
     "out is a file", "timeout zero", "embedding model missing", "budget twice", "budget absurd",
     "reference budget not swept", "data for a task not swept", "data path missing",
     "data malformed", "violation gate over references", "retention floor over references",
+    "retention floor given twice", "bare retention floor given twice",
+    "retention floor of a cell not swept", "task option given twice",
 ]
 
 

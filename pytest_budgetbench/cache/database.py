@@ -145,6 +145,9 @@ class SharedDatabase:
         """Set before first use on a file that is only read (a merge's source): it is opened
         read-only, nothing is written in it or beside it, and its messages never say to
         delete it."""
+        self.merge_target = False
+        """Set on a merge's destination: its messages say what to pass to ``budgetbench
+        cache merge``, not a sweep's option (it runs no sweep)."""
         self._schema = schema
         self._lacking: dict[str, list[str]] = {}
         """The columns each table of the file lacks (a read-only file is never migrated)."""
@@ -257,6 +260,10 @@ class SharedDatabase:
             return (f"the {self.label} {self.path} cannot be merged: {problem}; it was only "
                     "read and is left as it was: merge from a sound copy of it, or from "
                     "another location")
+        if self.merge_target:
+            return (f"the {self.label} {self.path} cannot be merged into: {problem}; pass "
+                    "budgetbench cache merge --into a folder you can write (a new one is "
+                    "made), or make this one writable")
         hint = f", or {self.reset_hint}" if self.reset_hint else ""
         return (f"the {self.label} {self.path} cannot be used: {problem}; delete it (and "
                 f"any {self.path.name}-wal and {self.path.name}-shm beside it) to start an "

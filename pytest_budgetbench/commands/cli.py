@@ -97,7 +97,7 @@ def run_report(args: argparse.Namespace) -> int:
     from pytest_budgetbench.reports import Prices, build_report, retention_gate, violation_gate
     from pytest_budgetbench.reports.gates.judging import regression_findings
     from pytest_budgetbench.reports.load import require_rows
-    from pytest_budgetbench.settings.config import retention_floor
+    from pytest_budgetbench.settings.config import retention_floor, unswept_floor
 
     if (args.price_in is None) != (args.price_out is None):
         return _usage("--price-in and --price-out go together")
@@ -125,6 +125,12 @@ def run_report(args: argparse.Namespace) -> int:
     if args.max_violation_rate is not None:
         reasons += violation_gate(report, args.max_violation_rate)
     if args.min_retention is not None:
+        unknown = unswept_floor(args.min_retention, (
+            f"{strategy}@{budget}" for strategy, budget
+            in zip(report.summary["strategy"], report.summary["budget"], strict=True)),
+            "--min-retention", ("these records", "they hold"))
+        if unknown:
+            return _usage(unknown)
         reasons += retention_gate(report, functools.partial(retention_floor,
                                                             args.min_retention))
     if args.baseline is not None:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.evidence import Retention, TrajectoryEvidence, fill_retention
-from pytest_budgetbench.errors import MalformedReply
+from pytest_budgetbench.errors import EndpointError, MalformedReply
 from pytest_budgetbench.messages import Message, Tool, shared_call_id, shared_prefix
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
@@ -184,8 +184,9 @@ class EpisodeLoop:
         return call
 
     def _reply(self, call: CallRecord, prompt: list[Message], tools: list[Tool]) -> Completion:
-        """The model's reply to ``call``, checked before it enters the trajectory; a
-        malformed one names the call."""
+        """The model's reply to ``call``, checked before it enters the trajectory. Any
+        endpoint failure names the call (a malformed reply, a 500, a timeout alike): the
+        row's error is then read without episodes.jsonl."""
         try:
             completion = self.cell.send(prompt, tools)
             problem = shared_call_id(completion.tool_calls)
@@ -193,6 +194,8 @@ class EpisodeLoop:
                 raise MalformedReply(f"malformed reply from the model: {problem}")
         except MalformedReply as exc:
             raise MalformedReply(f"{exc}; it answered call {call.call} of the episode") from None
+        except EndpointError as exc:
+            raise type(exc)(f"{exc}; it failed call {call.call} of the episode") from None
         return completion
 
     @staticmethod

@@ -55,9 +55,11 @@ def held(spans: Iterable[str], texts: Sequence[str]) -> list[str]:
 
 def spans_kept(evidence: Sequence[str], prompt: Sequence[Message]) -> list[SpanKept]:
     """Each span of ``evidence``, in order, and whether the prompt keeps it (what
-    prompts.jsonl records beside the prompt, and what :func:`retention` counts)."""
+    prompts.jsonl records beside the prompt, and what :func:`retention` counts). A span
+    given twice (own data may list one twice) is one span: counted once, it cannot weigh
+    twice in the item's retention."""
     texts = texts_of(prompt)
-    return [SpanKept(span, is_held(span, texts)) for span in evidence]
+    return [SpanKept(span, is_held(span, texts)) for span in dict.fromkeys(evidence)]
 
 
 def tally(spans: Sequence[SpanKept]) -> Retention | None:

@@ -29,12 +29,8 @@ from pytest_budgetbench.errors import (
     TokenizerError,
     first_missing,
 )
-from pytest_budgetbench.reports.gates.verdicts import (
-    RETENTION_GATE,
-    VIOLATION_GATE,
-    gate_specs,
-)
-from pytest_budgetbench.settings.config import Settings
+from pytest_budgetbench.reports.gates.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
+from pytest_budgetbench.settings.config import Settings, unswept_floor
 from pytest_budgetbench.sweep.cells import Cell, split_reference
 
 if TYPE_CHECKING:
@@ -160,6 +156,11 @@ def _check_gates_judge_something(settings: Settings, references: Mapping[str, bo
     """A violation-rate or retention gate that no strategy@budget of the sweep falls under
     (every strategy a reference, none given its own floor) would pass having judged
     nothing."""
+    unswept = unswept_floor(settings.min_retention or {},
+                            (f"{name}@{budget}" for name in references
+                             for budget in settings.budgets))
+    if unswept:
+        raise ConfigError(unswept)
     kinds = {gate.kind for gate in gate_specs(references, settings)}
     names = ", ".join(references)
     if settings.max_violation_rate is not None and VIOLATION_GATE not in kinds:
@@ -261,12 +262,10 @@ def _check_retention_floors(settings: Settings, catalog: Catalog, cells: list[Ce
     run, or a sweep whose items declare none, would be a gate over nothing."""
     if not settings.min_retention:
         return
-    swept = {f"{cell.strategy_label}@{cell.budget}" for cell in cells}
-    for key in sorted(settings.min_retention.keys() - {""} - swept):
-        raise ConfigError(
-            f"--budgetbench-min-retention: {key} is not a strategy@budget of this sweep "
-            f"(it runs {', '.join(sorted(swept)[:6])}{', ...' if len(swept) > 6 else ''}); "
-            "name one it runs")
+    unswept = unswept_floor(settings.min_retention, (
+        f"{cell.strategy_label}@{cell.budget}" for cell in cells))
+    if unswept:
+        raise ConfigError(unswept)
     if not any(item.evidence for name in catalog.names for item in catalog.items(name)):
         raise ConfigError(
             f"--budgetbench-min-retention: no item of the sweep's tasks "

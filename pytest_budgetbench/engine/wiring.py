@@ -451,6 +451,8 @@ def merge_caches(sources: list[Path], into: Path) -> list[MergeResult]:
     from pytest_budgetbench.errors import ConfigError
 
     targets = {type(store): store for store in caches_at(into)}
+    for target in targets.values():
+        target.merge_target = True
     pairs = [(store, targets[type(store)]) for source in sources
              for store in caches_at(source) if store.path.is_file()]
     for store, target in pairs:

@@ -11,6 +11,7 @@ import datetime
 import email.utils
 import fcntl
 import functools
+import json
 import math
 import os
 import random
@@ -336,7 +337,18 @@ def _call_dict(call: Any) -> dict[str, Any]:
     function = getattr(call, "function", None)
     return {"id": str(getattr(call, "id", "") or ""), "type": "function",
             "function": {"name": str(getattr(function, "name", "") or ""),
-                         "arguments": str(getattr(function, "arguments", "") or "")}}
+                         "arguments": arguments_text(getattr(function, "arguments", None))}}
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as JSON text, as the OpenAI format has them. Some servers send
+    an object instead of its text; ``str()`` of it would be a Python repr, which no step
+    checker or strategy reads as the JSON it is."""
+    if arguments is None:
+        return ""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False)
 
 
 def _close_client(client: Any) -> None:

@@ -75,7 +75,8 @@ class Report:
     reference: tables.Reference = field(default_factory=lambda: tables.Reference.parse(None))
     notes: list[str] = field(default_factory=list)
     """What the merge of several runs did that a reader should know (superseded rows,
-    runs of different definitions): one line each, for the console command to print."""
+    runs of different definitions), and items that declare evidence a retention mean leaves
+    out: one line each, for the console command to print."""
 
 
 def build_report(
@@ -136,6 +137,11 @@ def compute_report(
             f"reference {reference!r} names no strategy in these records; "
             f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
         )
+    if "evidence_retention" in rows.columns and rows["evidence_retention"].notna().any():
+        from pytest_budgetbench.reports.gates.verdicts import retention_notes
+
+        notes += retention_notes(rows[[*tables.CELL, "item_id", "status", "evidence_retention"]]
+                                 .to_dict("records"))
     items = tables.item_table(rows)
     summary = tables.summary_table(rows, items, resamples=resamples, seed=seed, prices=prices)
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.reports.gates.verdicts import violation_rate
+from pytest_budgetbench.reports.gates.verdicts import retention_notes, violation_rate
 
 if TYPE_CHECKING:
     from pytest_budgetbench.reports.builder import Report
@@ -224,6 +224,8 @@ def write_summary(
         for line in format_table([s for s in stats if s.task == task]):
             terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows, stats)
+    for line in retention_notes(rows):
+        terminalreporter.write_line(f"budgetbench: note: {line}", yellow=True)
     if settings.reference is None and with_numpy:
         for line in reference_notes(rows):
             terminalreporter.write_line(line, yellow=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -25,6 +25,7 @@ from pytest_budgetbench.options import (
     choice,
     integer,
     is_count,
+    keyed,
     name_list,
     non_negative,
     positive_int,
@@ -92,7 +93,7 @@ def _reference(raw: str) -> str:
 
 def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
     def parse(raw: str) -> dict[str, str]:
-        pairs: dict[str, str] = {}
+        pairs: list[tuple[str, str]] = []
         for part in (p.strip() for p in raw.split(",")):
             key, eq, value = part.partition("=")
             if not part or not eq or not key.strip() or not value.strip():
@@ -100,15 +101,15 @@ def parse_key_values(option: str) -> Callable[[str], dict[str, str]]:
                     f"{option} must be KEY=VALUE pairs separated by commas, e.g. "
                     f"{option}=a=1,b=2 (got {part!r} in {raw!r})"
                 )
-            pairs[key.strip()] = value.strip()
-        return pairs
+            pairs.append((key.strip(), value.strip()))
+        return keyed(option, raw, pairs)
 
     return parse
 
 
 def parse_grader_variants(raw: str) -> dict[str, str]:
     """``TASK:VARIANT[,TASK:VARIANT]`` -> {task: variant} (the task checks the variant name)."""
-    chosen: dict[str, str] = {}
+    chosen: list[tuple[str, str]] = []
     for part in (p.strip() for p in raw.split(",")):
         task, colon, variant = part.partition(":")
         if not colon or not task.strip() or not variant.strip():
@@ -116,8 +117,8 @@ def parse_grader_variants(raw: str) -> dict[str, str]:
                 "--budgetbench-grader must be TASK:VARIANT pairs separated by commas, e.g. "
                 f"--budgetbench-grader=locomo:first-line (got {part!r} in {raw!r})"
             )
-        chosen[task.strip()] = variant.strip()
-    return chosen
+        chosen.append((task.strip(), variant.strip()))
+    return keyed("--budgetbench-grader", raw, chosen, named=lambda task: f"task {task!r}")
 
 
 def parse_shard(raw: str) -> tuple[int, int] | str:
@@ -158,7 +159,7 @@ def parse_retention_floors(raw: str) -> dict[str, float]:
     comma-separated -> {"": R, "truncation@2048": R, ...}; "" is the floor for the rest."""
     from pytest_budgetbench.options import rate
 
-    floors: dict[str, float] = {}
+    floors: list[tuple[str, float]] = []
     for part in (p.strip() for p in raw.split(",")):
         key, eq, value = part.rpartition("=")
         strategy, at, budget = key.partition("@")
@@ -174,8 +175,12 @@ def parse_retention_floors(raw: str) -> dict[str, float]:
                 "non-reference strategy@budget, and/or STRATEGY@BUDGET=R entries, "
                 "comma-separated, e.g. --budgetbench-min-retention=0.9,truncation@2048=0.5 "
                 f"(got {part!r} in {raw!r})")
-        floors[f"{strategy.strip()}@{int(budget)}" if eq else ""] = floor
-    return floors
+        floors.append((f"{strategy.strip()}@{int(budget)}" if eq else "", floor))
+    return keyed("--budgetbench-min-retention", raw, floors, named=_floor_named)
+
+
+def _floor_named(key: str) -> str:
+    return repr(key) if key else "the floor of every non-reference strategy@budget"
 
 
 def retention_floor(floors: Mapping[str, float], strategy: str, budget: int,
@@ -185,6 +190,21 @@ def retention_floor(floors: Mapping[str, float], strategy: str, budget: int,
     strategy@budget (a reference, e.g. full_context, has a floor only when named)."""
     own = floors.get(f"{strategy}@{budget}")
     return own if own is not None or reference else floors.get("")
+
+
+def unswept_floor(floors: Mapping[str, float], cells: Iterable[str],
+                  flag: str = "--budgetbench-min-retention",
+                  where: tuple[str, str] = ("this sweep", "it runs")) -> str | None:
+    """Why a floor of ``floors`` cannot judge anything: it names a strategy@budget that is
+    not among ``cells``, the ``strategy@budget`` of ``where`` (what has them, and its
+    verb); None when each named one is there. Asked before whether any floor applies at
+    all, so a mistyped cell is named as one, not taken for a sweep of references."""
+    have = sorted(set(cells))
+    for key in sorted(floors.keys() - {""} - set(have)):
+        shown = f"{', '.join(have[:6])}{', ...' if len(have) > 6 else ''}"
+        return (f"{flag}: {key} is not a strategy@budget of {where[0]} ({where[1]} "
+                f"{shown or 'none'}); name one {where[1]}")
+    return None
 
 
 def parse_tokenizer(raw: str) -> str:
@@ -596,7 +616,11 @@ def load_settings(
         os.environ)
     values.update(endpoint_fields(values["endpoint"]))
     values["tasks"], inline = task_entries(values["tasks"])
-    values["named_tasks"] = {**(values["named_tasks"] or {}), **inline}
+    # A name defined both inline and in --budgetbench-named-tasks is one key given twice.
+    values["named_tasks"] = keyed(
+        "--budgetbench-tasks with --budgetbench-named-tasks", None,
+        [*(values["named_tasks"] or {}).items(), *inline.items()],
+        named=lambda name: f"task {name!r}")
     settings = Settings(**values, data_paths=sections["data"], data_flags=tuple(data_flags),
                         task_flags=sections["task"], strategy_flags=sections["strategy"])
     if (settings.baseline is None) != (settings.max_regression is None):

@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 
 from pytest_budgetbench.errors import ConfigError
+from pytest_budgetbench.options import keyed
 
 
 def split_top_level(raw: str) -> list[str]:
@@ -57,7 +58,7 @@ def parse_task_definition(text: str, option: str) -> tuple[str, TaskDefinition]:
             f"{option}: {text!r} is not a task definition NAME=TASK(KEY=VALUE, ...), e.g. "
             f"{option}={DEFINITION_EXAMPLE}"
         )
-    params: dict[str, str] = {}
+    params: list[tuple[str, str]] = []
     for part in split_top_level(match["params"] or ""):
         key, eq, value = part.partition("=")
         if not eq or not key.strip() or not value.strip():
@@ -65,10 +66,9 @@ def parse_task_definition(text: str, option: str) -> tuple[str, TaskDefinition]:
                 f"{option}: task '{match['name']}' option {part!r} is not KEY=VALUE, e.g. "
                 f"{DEFINITION_EXAMPLE}"
             )
-        if key.strip() in params:
-            raise ConfigError(f"{option}: task '{match['name']}' sets {key.strip()!r} twice")
-        params[key.strip()] = _unquote(value.strip())
-    return match["name"], (match["kind"], params)
+        params.append((key.strip(), _unquote(value.strip())))
+    return match["name"], (match["kind"], keyed(
+        f"{option}: task '{match['name']}'", text, params))
 
 
 def _unbalanced(text: str) -> bool:
@@ -85,13 +85,9 @@ def _unquote(value: str) -> str:
 def parse_named_tasks(raw: str) -> dict[str, TaskDefinition]:
     """``--budgetbench-named-tasks``: definitions separated by commas (or ini lines)."""
     option = "--budgetbench-named-tasks"
-    named: dict[str, TaskDefinition] = {}
-    for part in split_top_level(raw):
-        name, definition = parse_task_definition(part, option)
-        if name in named:
-            raise ConfigError(f"{option}: task '{name}' is defined twice; keep one definition")
-        named[name] = definition
-    return named
+    return keyed(option, raw, (parse_task_definition(part, option)
+                               for part in split_top_level(raw)),
+                 named=lambda name: f"task {name!r}")
 
 
 def parse_task_list(raw: str) -> tuple[str, ...]:

@@ -251,15 +251,49 @@ def document_messages(
     return messages
 
 
-def whole_in_messages(spans: Iterable[str], messages: Sequence[Message]) -> tuple[str, ...]:
-    """The spans that some message's text holds whole, in order, each once, blank ones out.
+def evidence_in_messages(spans: Iterable[str], messages: Sequence[Message]) -> tuple[str, ...]:
+    """A task's evidence (:attr:`~pytest_budgetbench.tasks.base.Item.evidence`) as the
+    history holds it: each span verbatim in one message, in order, each once, blank ones out.
 
-    A task's evidence (:attr:`~pytest_budgetbench.tasks.base.Item.evidence`) must be verbatim
-    in one message; a sentence that :func:`chunk_text` cut in two is in none, and is left out.
+    The one rule for every task: a span that :func:`chunk_text` cut at a message boundary
+    (a turn ending in a blank line, a turn longer than a chunk) is in no one message, so it
+    becomes its parts, each counted as a span (a part of punctuation or whitespace alone,
+    such as a closing quote, holds nothing to keep and is left out). A span that is not in
+    the history at all, whole or in parts, is left out.
     """
     texts = [text_of(message) for message in messages]
     kept: dict[str, None] = {}
     for span in spans:
-        if span.strip() and span not in kept and any(span in text for text in texts):
-            kept[span] = None
+        if not span.strip():
+            continue
+        parts = [span] if any(span in text for text in texts) else _cut_parts(span, texts)
+        kept.update(dict.fromkeys(part for part in parts if part not in kept))
     return tuple(kept)
+
+
+def _cut_parts(span: str, texts: Sequence[str]) -> list[str]:
+    """The parts of ``span`` that a chunk boundary cut it into: each but the last ends one
+    text (where the chunk ended), the last is in a text; [] when it was not cut so."""
+    parts: list[str] = []
+    rest = span
+    while not any(rest in text for text in texts):
+        length = _longest_ending(rest, texts)
+        if not length:
+            return []
+        parts.append(rest[:length])
+        rest = rest[length:]
+    parts.append(rest)
+    return [part.strip() for part in parts if any(char.isalnum() for char in part)]
+
+
+def _longest_ending(span: str, texts: Sequence[str]) -> int:
+    """The length of the longest proper prefix of ``span`` that some text ends with."""
+    best = 0
+    for text in texts:
+        start = max(0, len(text) - len(span) + 1)
+        while (start := text.find(span[0], start)) != -1:
+            if span.startswith(text[start:]):
+                best = max(best, len(text) - start)
+                break  # the first match from the left is this text's longest
+            start += 1
+    return best

@@ -9,8 +9,9 @@ message ``Title: <title>`` + its sentences; a paragraph longer than ``chunk_toke
 becomes several. The final user message asks for the answer span alone.
 
 Evidence (:attr:`Item.evidence`): the supporting-fact sentences (``supporting_facts``:
-[title, sentence index] into ``context``), each without its surrounding whitespace; a fact
-whose index is past its paragraph, or whose sentence a chunk cut splits, is left out.
+[title, sentence index] into ``context``), each without its surrounding whitespace; a
+sentence a chunk cut splits gives each of its parts, and a fact whose index is past its
+paragraph is left out.
 
 Category: the question ``type`` (``bridge`` or ``comparison``); ``level`` and the
 supporting titles are in ``Item.meta``.
@@ -36,10 +37,10 @@ from pytest_budgetbench.options import DataFile
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import (
     document_messages,
+    evidence_in_messages,
     first_line_unless_hedged,
     normalize_answer,
     token_f1,
-    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -95,7 +96,7 @@ class HotpotQATask(Task):
             messages=tuple(messages),
             answer=str(row["answer"]),
             category=str(row.get("type", "unknown")),
-            evidence=whole_in_messages(_supporting_sentences(row, paragraphs), messages[1:-1]),
+            evidence=evidence_in_messages(_supporting_sentences(row, paragraphs), messages[1:-1]),
             meta={
                 "level": row.get("level"),
                 "supporting_titles": sorted({fact[0] for fact in row.get("supporting_facts", [])

@@ -19,7 +19,8 @@ Items are numbered as in the whole file either way.
 
 Evidence (:attr:`Item.evidence`): the turns a QA's ``evidence`` names by dialogue id
 (``"D1:3"``), each as the history writes it (``Speaker said, "text"``, with its caption);
-an id that names no turn, or a turn that a chunk cut splits, is left out.
+a turn that a chunk cut splits (one ending in a blank line is cut there) gives each of its
+parts, and an id that names no turn is left out.
 
 Category: the QA category, named ``multi-hop`` (1), ``temporal`` (2), ``open-domain``
 (3), ``single-hop`` (4), ``adversarial`` (5).
@@ -54,10 +55,10 @@ from pytest_budgetbench.options import DataFile, Option
 from pytest_budgetbench.tasks._data import malformed, read_json, records, require, resolve_file
 from pytest_budgetbench.tasks._text import (
     document_messages,
+    evidence_in_messages,
     first_line_unless_hedged,
     stemmed_tokens,
     token_f1,
-    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -234,7 +235,7 @@ class LoCoMoTask(Task):
                  if dia_id in turns]
         return Item(item_id=item_id, messages=(*history, final), answer=answer,
                     category=CATEGORY_NAMES[category], meta=meta,
-                    evidence=whole_in_messages(named, history[1:]))
+                    evidence=evidence_in_messages(named, history[1:]))
 
     def grade(self, item: Item, prediction: str) -> Grade:
         reply = prediction or ""

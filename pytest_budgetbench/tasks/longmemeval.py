@@ -13,7 +13,8 @@ and the question.
 
 Evidence (:attr:`Item.evidence`): the text of each turn marked ``has_answer: true``
 (without its surrounding whitespace); a turn split into several messages gives each of its
-parts (an abstention question's marked turns are those its false premise twists).
+parts, as every task's evidence does (an abstention question's marked turns are those its
+false premise twists).
 
 Category: ``question_type``, except that abstention questions (``question_id`` ending in
 ``_abs``) form their own category ``abstention``.
@@ -57,12 +58,11 @@ from pytest_budgetbench.tasks._data import (
     resolve_file,
 )
 from pytest_budgetbench.tasks._text import (
-    chunk_text,
     contains_phrase,
     document_messages,
+    evidence_in_messages,
     normalize_answer,
     says_unanswerable,
-    whole_in_messages,
 )
 from pytest_budgetbench.tasks.base import Grade, Item, Task
 
@@ -145,7 +145,7 @@ class LongMemEvalTask(Task):
             messages=tuple(messages),
             answer=str(row["answer"]),
             category=category_of(row),
-            evidence=whole_in_messages(evidence, messages[1:]),
+            evidence=evidence_in_messages(evidence, messages[1:]),
             meta={
                 "question": str(row["question"]),
                 "question_type": row["question_type"],
@@ -171,10 +171,10 @@ class LongMemEvalTask(Task):
         return messages
 
     def _answer_turns(self, session: list[dict[str, Any]]) -> list[str]:
-        """The text of the session's ``has_answer`` turns, as the pieces its messages hold."""
-        return [piece.strip() for turn in session if turn.get("has_answer") is True
-                for piece in chunk_text(str(turn.get("content", "")), self.options.chunk_tokens)
-                if piece.strip()]
+        """The text of the session's ``has_answer`` turns (a turn the chunker cut becomes
+        its parts in :func:`evidence_in_messages`, as every task's evidence does)."""
+        return [str(turn.get("content", "")).strip() for turn in session
+                if turn.get("has_answer") is True]
 
     # -- grading --------------------------------------------------------------------------
     def grade(self, item: Item, prediction: str) -> Grade:

@@ -33,7 +33,7 @@ from pytest_budgetbench.tasks._data import missing
 from pytest_budgetbench.tasks._text import (
     CHARS_PER_TOKEN,
     document_messages,
-    whole_in_messages,
+    evidence_in_messages,
 )
 from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
 
@@ -160,8 +160,8 @@ class NeedleTask(Task):
         messages += document_messages(" ".join(haystack), self.options.chunk_tokens)
         messages.append({"role": "user", "content": QUESTION.format(key=key)})
         # Chunks are cut after ". " where the window allows, so a needle stays whole unless
-        # chunk_tokens is about a needle's length; one that is not whole is not declared.
-        evidence = whole_in_messages(needles, messages[1:-1])
+        # chunk_tokens is about a needle's length; one that is cut is declared in its parts.
+        evidence = evidence_in_messages(needles, messages[1:-1])
         return Item(
             item_id=f"{index:04d}",
             messages=tuple(messages),

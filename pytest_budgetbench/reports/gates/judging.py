@@ -277,8 +277,11 @@ def regression_findings(
         now, before = current[key], baseline[key]
         reasons = found.reasons.setdefault((strategy, budget), [])
         width = len(REGRESSION_METRICS)
-        for metric, change in zip(REGRESSION_METRICS,
-                                  changes[index * width:(index + 1) * width], strict=True):
+        mine = changes[index * width:(index + 1) * width]
+        if now.n_ok and not any(change.n for change in mine):
+            reasons.append(_nothing_compared(f"{task}: {strategy}@{budget}",
+                                             baseline_report_json))
+        for metric, change in zip(REGRESSION_METRICS, mine, strict=True):
             if not change.n:
                 continue
             found.falls.setdefault((strategy, budget), []).append(
@@ -293,6 +296,15 @@ def regression_findings(
         if not now.reference and _rose(now.violation_rate, before.violation_rate):
             reasons.append(f"{label}: violation rate rose from {_rate(before)} to {_rate(now)}")
     return found
+
+
+def _nothing_compared(label: str, baseline: Path) -> str:
+    """A cell whose admitted items have neither a quality nor a retention in both runs: a
+    gate that compared nothing must fail, not pass with no change to show."""
+    return (f"{label}: nothing was compared with baseline {baseline}: no item has a quality "
+            "or an evidence retention in both runs (a model-free run has no quality, an item "
+            "without evidence no retention); declare evidence in the items (docs/reports.md, "
+            "Evidence retention), or compare runs that send the prompts to a model")
 
 
 REGRESSION_METRICS = {"quality": "quality", "retention": "evidence retention"}
