@@ -18,8 +18,7 @@ from pytest_budgetbench.engine.evidence import (
     tally,
     texts_of,
 )
-from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
-from pytest_budgetbench.records.store import PROMPTS_FILE
+from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord, SpanKept
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 from tests.fake_openai import FakeOpenAI
 from tests.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)

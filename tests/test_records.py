@@ -16,16 +16,12 @@ import pytest
 import pytest_budgetbench
 from pytest_budgetbench.errors import RecordError
 from pytest_budgetbench.records import store as records
-from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
+from pytest_budgetbench.records.cells import CELLS_FILE
+from pytest_budgetbench.records.jsonl import append_jsonl, read_jsonl
+from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord, SpanKept
 from pytest_budgetbench.records.rows import ROW_FIELDS, SCHEMA_VERSION, CellRow, Status
-from pytest_budgetbench.records.store import (
-    CELLS_FILE,
-    PROMPTS_FILE,
-    RUN_FILE,
-    RunStore,
-    append_jsonl,
-    read_jsonl,
-)
+from pytest_budgetbench.records.run_json import RUN_FILE
+from pytest_budgetbench.records.store import RunStore
 
 
 def _row(cell_id: str = "c1", **fields: Any) -> CellRow:
@@ -479,6 +475,7 @@ OWNERS = {
     "prompts.jsonl": ("records/prompts.py", "PROMPTS_FILE"),
     "replicas.jsonl": ("records/replicas.py", "REPLICAS_FILE"),
     "run.json": ("records/run_json.py", "RUN_FILE"),
+    "episodes.jsonl": ("records/episodes.py", "EPISODES_FILE"),
 }
 """Each file of a run that issue 39 gave one owner: the module that names, writes and
 reads it, and the constant it names it by."""
@@ -566,7 +563,8 @@ def test_the_owners_name_their_files_and_the_store_lays_them_out(tmp_path: Path)
 
     store = RunStore(tmp_path)
     paths = {"CELLS_FILE": store.cells_path, "PROMPTS_FILE": store.prompts_path,
-             "REPLICAS_FILE": store.replicas_path, "RUN_FILE": store.run_info_path}
+             "REPLICAS_FILE": store.replicas_path, "RUN_FILE": store.run_info_path,
+             "EPISODES_FILE": store.episodes_path}
     for name, (owner, constant) in OWNERS.items():
         module = importlib.import_module(
             "pytest_budgetbench." + owner.removesuffix(".py").replace("/", "."))

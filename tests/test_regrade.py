@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.commands.cli import main
-from pytest_budgetbench.records.store import read_jsonl
+from pytest_budgetbench.records.jsonl import read_jsonl
 from pytest_budgetbench.tasks._fixtures import hotpotqa_records, write_json
 
 YES_ID, CHIEF_ID = "5a8b57f25542995d1e6f1371", "5a8c7595554299585d9e36b6"

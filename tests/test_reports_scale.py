@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_budgetbench.records import jsonl
-from pytest_budgetbench.records.store import read_jsonl
+from pytest_budgetbench.records.jsonl import read_jsonl
 from pytest_budgetbench.redact import redact_obj, register_secret
 from pytest_budgetbench.reports import build_report, load
 from pytest_budgetbench.reports.extensions import ExtraTable

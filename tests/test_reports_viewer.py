@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.engine.evidence import spans_kept
-from pytest_budgetbench.records.prompts import PromptRecord
+from pytest_budgetbench.records.episodes import EPISODES_FILE
+from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.records.store import EPISODES_FILE, PROMPTS_FILE
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.synthetic import (
     make_row,

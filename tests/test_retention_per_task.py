@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pytest_budgetbench.messages import split_ends, text_of
-from pytest_budgetbench.records.store import PROMPTS_FILE
+from pytest_budgetbench.records.prompts import PROMPTS_FILE
 from pytest_budgetbench.tasks import Item, Task, TaskOptions
 from pytest_budgetbench.tasks.hotpotqa import HotpotQATask
 from pytest_budgetbench.tasks.jsonl import JsonlTask

@@ -30,10 +30,10 @@ from pytest_budgetbench.errors import ConfigError, DataError
 from pytest_budgetbench.records import cells, run_json
 from pytest_budgetbench.records.cells import CELLS_FILE
 from pytest_budgetbench.records.definition import same_gold, show
-from pytest_budgetbench.records.episodes import EpisodeRecord
+from pytest_budgetbench.records.episodes import EPISODES_FILE, EpisodeRecord
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.records.run_json import RunInfo
-from pytest_budgetbench.records.store import EPISODES_FILE, RunStore
+from pytest_budgetbench.records.store import RunStore
 from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.tasks import EpisodicTask, Grade, Item, Task
 

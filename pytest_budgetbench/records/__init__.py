@@ -6,10 +6,9 @@
     prompts     prompts.jsonl and its record: PromptRecord
     run_json    run.json and its record: RunInfo
     replicas    replicas.jsonl and its record: ReplicaEvent
-    episodes    episodes.jsonl's record: EpisodeRecord, CallRecord, Ended
+    episodes    episodes.jsonl and its record: EpisodeRecord, CallRecord, Ended
     definition  run.json's definition block, and how two runs' definitions compare
-    store       the run directory: RunStore, its paths, the other names of a run (and
-                episodes.jsonl's reading and writing)
+    store       the run directory: RunStore, its paths, the other names of a run
     jsonl       the locked JSON-lines writer and the one line parser the owners share
 
 ``pytest_budgetbench.records.CellRow`` is the typed row of ``cells.jsonl`` (public: a

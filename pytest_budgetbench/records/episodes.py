@@ -13,13 +13,18 @@ A record::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.messages import Message, Tool
+from pytest_budgetbench.records.jsonl import append_jsonl, cell_records, read_jsonl
 from pytest_budgetbench.records.rows import Status
+
+EPISODES_FILE = "episodes.jsonl"
+"""An episode cell's trajectory and its calls, one record a cell."""
 
 _PAGE = "page"
 """Field metadata: the short key the per-cell viewer's page gives a call's field."""
@@ -158,3 +163,20 @@ def decode_episodes(records: Iterable[Mapping[str, Any]]) -> Iterator[EpisodeRec
             yield EpisodeRecord.from_record(record)
         except ValueError:
             continue
+
+
+def append_episode(path: Path, episode: EpisodeRecord) -> None:
+    """Append an episode's record (one locked line: workers may write at once)."""
+    append_jsonl(path, episode.record())
+
+
+def read_episodes(path: Path) -> dict[str, EpisodeRecord]:
+    """The recorded episodes by cell id, the last record of each (a damaged record is
+    skipped, as a torn line is)."""
+    return {episode.cell_id: episode for episode in decode_episodes(read_jsonl(path))}
+
+
+def episodes_of(path: Path, cell_ids: Collection[str]) -> Iterator[EpisodeRecord]:
+    """The records of these cells, in the file's order (a rerun's comes last); a damaged
+    record is skipped, other cells' lines unparsed."""
+    return decode_episodes(record for _cell_id, record in cell_records(path, cell_ids))

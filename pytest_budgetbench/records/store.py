@@ -8,7 +8,7 @@ calls it); the other names are this module's constants::
     <out>/<run_id>/prompts.jsonl   the post-strategy prompt per cell (--budgetbench-audit)
                                    (records.prompts.PromptRecord)
     <out>/<run_id>/episodes.jsonl  an agent episode's trajectory and calls, per episode cell
-                                   (records.episodes.EpisodeRecord; written and read here)
+                                   (records.episodes.EpisodeRecord)
     <out>/<run_id>/run.json        the run's settings and definition, written by the controller
                                    (records.run_json.RunInfo)
     <out>/<run_id>/run.lock        held (flock) by the controller while a session writes the run
@@ -23,7 +23,7 @@ calls it); the other names are this module's constants::
 
 Named elsewhere: ``regraded/`` (``budgetbench regrade``'s default output, a run directory
 of its own; commands.regrade) and, with ``--budgetbench-cache=off``, the run's private
-caches (model.cache, embeddings.store). docs/reports.md lists every entry.
+caches (cache.responses, cache.counts, cache.vectors). docs/reports.md lists every entry.
 
 The JSON lines themselves are written and parsed by :mod:`~pytest_budgetbench.records.
 jsonl` (one locked append per row; a torn last line is skipped on read).
@@ -41,15 +41,15 @@ from typing import Any
 from pytest_budgetbench.errors import ConfigError, RecordError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.records import cells, prompts, run_json
+from pytest_budgetbench.records import episodes as episode_records
 from pytest_budgetbench.records.cells import CELLS_FILE
-from pytest_budgetbench.records.episodes import EpisodeRecord, decode_episodes
-from pytest_budgetbench.records.jsonl import append_jsonl, cell_records, read_jsonl
+from pytest_budgetbench.records.episodes import EPISODES_FILE, EpisodeRecord
+from pytest_budgetbench.records.jsonl import append_jsonl
 from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord, SpanKept
 from pytest_budgetbench.records.replicas import REPLICAS_FILE
 from pytest_budgetbench.records.rows import CellRow
 from pytest_budgetbench.records.run_json import RUN_FILE, RunInfo
 
-EPISODES_FILE = "episodes.jsonl"  # an episode cell's trajectory and its calls, one record a cell
 LOCK_FILE = "run.lock"
 SERVER_LOG = "server.log"  # the embedded server's output
 STRATEGY_FILES = "strategy-files"  # the one place in a run where strategies may write
@@ -152,13 +152,12 @@ class RunStore:
 
     def write_episode(self, episode: EpisodeRecord) -> None:
         """An agent episode's trajectory and calls, before its row (see engine.episode)."""
-        append_jsonl(self.episodes_path, episode.record())
+        episode_records.append_episode(self.episodes_path, episode)
 
     def episodes(self) -> dict[str, EpisodeRecord]:
         """The recorded episodes by cell id, the last record of each (a damaged record is
         skipped, as a torn line is)."""
-        return {episode.cell_id: episode
-                for episode in decode_episodes(read_jsonl(self.episodes_path))}
+        return episode_records.read_episodes(self.episodes_path)
 
     def prompts_of(self, cell_ids: Collection[str]) -> Iterator[PromptRecord]:
         """The prompts.jsonl records of these cells, in the file's order (a resumed cell
@@ -168,8 +167,7 @@ class RunStore:
     def episodes_of(self, cell_ids: Collection[str]) -> Iterator[EpisodeRecord]:
         """The episodes.jsonl records of these cells, in the file's order (a rerun's comes
         last); a damaged record is skipped, other cells' lines unparsed."""
-        return decode_episodes(record for _cell_id, record
-                               in cell_records(self.episodes_path, cell_ids))
+        return episode_records.episodes_of(self.episodes_path, cell_ids)
 
     def write_export(self, file_name: str, record: Mapping[str, Any]) -> None:
         append_jsonl(self.exports_dir / file_name, record)
