@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from pytest_budgetbench.cache.userdirs import user_cache
 from pytest_budgetbench.errors import ConfigError, EmbeddedServerError
 from pytest_budgetbench.model.digests import file_sha256
 from pytest_budgetbench.model.gguf import vocab_only_llama
-from pytest_budgetbench.settings.userdirs import user_cache
 
 MODEL_DIR_ENV = "BUDGETBENCH_MODEL_DIR"
 CHUNK = 1 << 20

@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, get_type_hints
 
+from pytest_budgetbench.cache.userdirs import user_cache
 from pytest_budgetbench.errors import ConfigError, MissingDependency
 from pytest_budgetbench.settings.config import Settings, literal_values
-from pytest_budgetbench.settings.userdirs import user_cache
 
 BACKENDS: tuple[str, ...] = literal_values(get_type_hints(Settings)["embedding_backend"])
 DEFAULT_BACKEND = "onnx"

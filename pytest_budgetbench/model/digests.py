@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from pytest_budgetbench.settings.userdirs import user_cache
+from pytest_budgetbench.cache.userdirs import user_cache
 
 _BLOCK = 1 << 20
 _MEMO: dict[tuple[str, int, int, int], str] = {}

@@ -1,2 +1,2 @@
-"""Settings: the options' values (command line > ini > environment > default), the grammar
-of task definitions, and where budgetbench keeps what outlives a run."""
+"""Settings: the options' values (command line > ini > environment > default) and the
+grammar of task definitions."""

@@ -72,9 +72,9 @@ from importlib import metadata
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
+from pytest_budgetbench.cache.userdirs import user_cache
 from pytest_budgetbench.errors import ConfigError, Requirement, check_installed
 from pytest_budgetbench.messages import Message, Tool, text_of, tool_calls_of
-from pytest_budgetbench.settings.userdirs import user_cache
 from pytest_budgetbench.tasks.base import (
     Environment,
     EpisodicTask,
