@@ -137,7 +137,7 @@ def compute_report(
             f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
         )
     items = tables.item_table(rows)
-    summary = tables.summary_table(rows, items, resamples=resamples, seed=seed, prices=prices)
+    summary = tables.summary_table(rows, resamples=resamples, seed=seed, prices=prices)
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)
