@@ -235,7 +235,7 @@ def test_items_that_declare_evidence_left_out_of_a_mean_are_counted_and_named(
     the report says how many of how many, and why, rather than averaging in silence."""
     pytest.importorskip("pandas")
     from pytest_budgetbench.commands.cli import main
-    from pytest_budgetbench.reports.gates.verdicts import retention_notes
+    from pytest_budgetbench.reports.summary import retention_notes
 
     rows = [make_row(item_id="a", evidence_total=2, evidence_kept=1, evidence_retention=0.5),
             make_row(item_id="b", status="violation", evidence_total=1, evidence_kept=0,

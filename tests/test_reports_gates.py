@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -273,30 +274,94 @@ def test_one_violation_rate_is_nan_when_nothing_was_judged() -> None:
     import math
 
     from pytest_budgetbench.reports.gates.verdicts import violation_rate
-    from pytest_budgetbench.reports.terminal import cell_stats, format_table
+    from pytest_budgetbench.reports.summary import row_columns, summarise
+    from pytest_budgetbench.reports.terminal import format_table
 
     assert violation_rate(1, 3) == 0.25 and math.isnan(violation_rate(0, 0))
-    rows = [{"task": "t", "strategy": "s", "budget": 1, "status": "error"}]
-    (stats,) = cell_stats(rows, resamples=0)
+    rows = [{"task": "t", "item_id": "i", "strategy": "s", "budget": 1, "status": "error"}]
+    (stats,) = summarise(row_columns(rows), resamples=1, seed=0)
     assert math.isnan(stats.violation_rate)  # the terminal said 0.0, report.json NaN
     assert format_table([stats])[-1].split()[6] == "-"
 
 
 def test_the_terminal_reads_the_computed_reports_numbers(tmp_path: Path) -> None:
     from pytest_budgetbench.reports import compute_report
-    from pytest_budgetbench.reports.terminal import cell_stats, report_stats
+    from pytest_budgetbench.reports.summary import row_columns, summarise
+    from pytest_budgetbench.reports.terminal import cell_summaries
+    from pytest_budgetbench.settings.config import Settings
 
     rows = run_rows(trunc_violations=3)
     run = write_run(tmp_path / "run", rows)
     report = compute_report([run], tmp_path / "out", resamples=200)
-    from_report = report_stats(report, rows)
-    from_rows = cell_stats(rows, resamples=0)
-    assert [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_report] \
-        == [(s.strategy, s.n, s.ok, s.violations, s.errors, s.reference) for s in from_rows]
-    for mine, theirs in zip(from_report, from_rows, strict=True):
-        assert mine.mean_quality == pytest.approx(theirs.mean_quality)
-        assert mine.violation_rate == pytest.approx(theirs.violation_rate)
-        assert mine.quality_lo is not None  # the report's interval
+    from_report = cell_summaries(rows, Settings(), report)
+    # The report's table is summarise's cells, each column as computed.
+    assert from_report == summarise(row_columns(rows), resamples=200, seed=0)
+    assert [(s.strategy, s.n_cells, s.n_ok, s.n_violation, s.reference) for s in from_report
+            ] == [("full_context", 40, 40, 0, True), ("trunc", 40, 37, 3, False)]
+    assert all(s.quality_lo is not None for s in from_report)  # the report's interval
+
+
+class Lines:
+    """A terminal reporter that keeps the lines written to it."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def section(self, title: str) -> None:
+        self.lines.append(f"== {title}")
+
+    def write_line(self, line: str, **markup: Any) -> None:
+        self.lines.append(line)
+
+
+def repeated_rows() -> list[dict[str, Any]]:
+    """Three repeats of each item, admitted unevenly: an item's mean over its repeats
+    (the report's rule) is not the mean over admitted rows. In trunc@500, item i0 scores
+    1, 1, 1 and i1 scores 0 once and violates twice: 0.5 per item, 0.75 per row."""
+    rows = []
+    for item in range(6):
+        for repeat in range(3):
+            rows.append(make_row("memory", f"i{item}", "full_context", 500, reference=True,
+                                 repeat=repeat, quality=1.0, evidence_retention=1.0))
+            violates = item % 2 == 1 and repeat > 0
+            rows.append(make_row(
+                "memory", f"i{item}", "trunc", 500, repeat=repeat,
+                status="violation" if violates else "ok",
+                quality=0.0 if item % 2 else 1.0 - 0.1 * (item == 2),
+                counted_tokens=100 + 37 * item + repeat, model_s=0.1 * (item + repeat),
+                calls=1 + item % 3 + repeat, total_tokens=200 + 50 * item * repeat,
+                evidence_retention=0.25 * (item % 4), name_accuracy=0.5 + 0.1 * repeat))
+    return rows
+
+
+def test_the_terminal_prints_the_reports_summary_with_or_without_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from pytest_budgetbench.reports import compute_report
+    from pytest_budgetbench.reports.terminal import write_summary
+    from pytest_budgetbench.settings.config import Settings
+
+    run = write_run(tmp_path / "run", repeated_rows())
+    settings = Settings(resamples=300, seed=3)
+    report = compute_report([run], tmp_path / "out", resamples=300, seed=3)
+
+    def printed(report: Any) -> list[str]:
+        terminal = Lines()
+        write_summary(terminal, run, settings, report=report)
+        return terminal.lines
+
+    with_report, without = printed(report), printed(None)
+    assert with_report == without
+    (trunc,) = [line.split() for line in with_report if line.startswith("  trunc ")]
+    # n, admitted, quality (over items, repeats averaged), 95% CI, violation rate.
+    assert trunc[2:5] == ["18", "12", "0.483"] and trunc[7] == "0.333"
+    # Without numpy (the core install) every number is the same but the interval's.
+    monkeypatch.setitem(sys.modules, "numpy", None)
+    no_interval = [re.sub(r"\[[^]]*\]", lambda m: "-".rjust(len(m.group())), line)
+                   for line in with_report]
+    assert printed(None) == no_interval != with_report
 
 
 def test_a_harm_shown_verdict_that_passed_carries_its_warning_through_its_report(

@@ -138,12 +138,12 @@ def compute_report(
             f"give one of {', '.join(sorted(set(rows['strategy'])))} (as strategy@budget)"
         )
     if "evidence_retention" in rows.columns and rows["evidence_retention"].notna().any():
-        from pytest_budgetbench.reports.gates.verdicts import retention_notes
+        from pytest_budgetbench.reports.summary import retention_notes
 
         notes += retention_notes(rows[[*tables.CELL, "item_id", "status", "evidence_retention"]]
                                  .to_dict("records"))
     items = tables.item_table(rows)
-    summary = tables.summary_table(rows, items, resamples=resamples, seed=seed, prices=prices)
+    summary = tables.summary_table(rows, resamples=resamples, seed=seed, prices=prices)
     paired = tables.paired_table(items, ref, resamples=resamples, seed=seed)
     categories = tables.category_table(rows, items, ref, resamples=resamples, seed=seed,
                                        prices=prices)

@@ -1,14 +1,16 @@
 """The report's tables: items (repeats averaged), summary, paired deltas and categories.
 
-Everything starts from the item table: one row per task, strategy, budget and item, with
-quality averaged over the item's admitted repeats. Intervals are computed on it, so an
-item counts once however often it was repeated.
+The paired table starts from the item table: one row per task, strategy, budget and item,
+with quality averaged over the item's admitted repeats. The summary's quality is over
+items too, averaged the same way, by :mod:`.summary` (the one computation of the
+statistics the terminal shows as well). Intervals are over items, so an item counts once
+however often it was repeated.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,21 +18,18 @@ import numpy as np
 
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.reports.gates.verdicts import violation_rate
 from pytest_budgetbench.reports.stats import (
     CHANGE_COLUMNS,
     bootstrap_cis,
     cell_rng,
-    is_binary,
     paired_changes,
-    wilson_interval,
 )
+from pytest_budgetbench.reports.summary import CELL, summarise
 from pytest_budgetbench.sweep.cells import split_reference
 
 if TYPE_CHECKING:
     import pandas as pd
 
-CELL: tuple[str, ...] = ("task", "strategy", "budget")
 CATEGORY_CELL: tuple[str, ...] = ("task", "category", "strategy", "budget")
 DEFAULT_REFERENCE = "full_context"
 
@@ -166,7 +165,6 @@ def item_table(rows: pd.DataFrame) -> pd.DataFrame:
 # -- summary --------------------------------------------------------------------------------
 def summary_table(
     rows: pd.DataFrame,
-    items: pd.DataFrame,
     keys: Sequence[str] = CELL,
     *,
     resamples: int,
@@ -174,14 +172,39 @@ def summary_table(
     prices: PriceTable | None = None,
 ) -> pd.DataFrame:
     """Per-cell statistics: counts, mean quality with intervals, violation rate, tokens,
-    latency, auxiliary calls and cost. ``keys`` adds grouping levels (category)."""
+    latency, auxiliary calls and cost. ``keys`` adds grouping levels (category).
+
+    The statistics the terminal shows too (counts, quality, tokens, median model seconds,
+    episodes, retention, name accuracy) are :func:`.summary.summarise`'s, the one
+    computation of them; the others (:func:`_usage_stats`) are pandas' over the rows."""
+    import pandas as pd
+
     keys = list(keys)
     if rows.empty:
         return _empty(SUMMARY_COLUMNS, keys)
-    quality = _quality_stats(items, keys, resamples=resamples, seed=seed)
-    usage = _usage_stats(rows, keys, prices)
-    table = quality.merge(usage, on=keys, how="outer").sort_values(keys).reset_index(drop=True)
+    cells = summarise(FrameColumns(rows), keys, resamples=resamples, seed=seed)
+    table = pd.DataFrame.from_records([cell.record() for cell in cells])
+    table = table.merge(_usage_stats(rows, keys, prices), on=keys, how="left")
+    table["cost_usd_per_cell"] = table["cost_usd_total"] / table["n_cells"]
     return table[[*keys, *(c for c in SUMMARY_COLUMNS if c not in keys)]]
+
+
+class FrameColumns(Mapping[str, Sequence[Any]]):
+    """A DataFrame's columns as lists, each made when it is read (:func:`.summary.summarise`
+    reads one at a time, so a million rows hold one column of Python values at once)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def __getitem__(self, name: str) -> list[Any]:
+        values: list[Any] = self.frame[name].tolist()
+        return values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.frame.columns)
+
+    def __len__(self) -> int:
+        return len(self.frame.columns)
 
 
 SUMMARY_COLUMNS: tuple[str, ...] = (
@@ -223,60 +246,14 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
 )
 
 
-def _interval_fields(values: np.ndarray, interval: tuple[float, float]) -> dict[str, Any]:
-    """The interval columns of one sample, given its bootstrap interval."""
-    n = int(values.size)
-    mean = float(values.mean()) if n else math.nan
-    lo, hi = interval
-    binary = is_binary(values)
-    w_lo, w_hi = wilson_interval(int(values.sum()), n) if binary else (math.nan, math.nan)
-    return {
-        "quality_mean": mean,
-        "quality_lo": lo,
-        "quality_hi": hi,
-        "binary": binary,
-        "wilson_lo": w_lo,
-        "wilson_hi": w_hi,
-    }
-
-
-def _quality_stats(
-    items: pd.DataFrame, keys: list[str], *, resamples: int, seed: int
-) -> pd.DataFrame:
-    import pandas as pd
-
-    cells = []
-    for key, group in items.groupby(keys, sort=True, observed=True):
-        values = key_values(key)
-        scores = group["quality"].to_numpy(dtype=np.float64)
-        scores = scores[~np.isnan(scores)]
-        cells.append((
-            {
-                **dict(zip(keys, values, strict=True)),
-                "reference": bool(group["reference"].any()),
-                "n_items": len(group),
-                "n_admitted": int((group["status"] == ADMITTED).sum()),
-                "n_scored": int(scores.size),
-            },
-            scores,
-            cell_rng(seed, "quality", *values),
-        ))
-    # Every cell's interval at once: the bootstraps run in parallel (stats.bootstrap_cis).
-    intervals = bootstrap_cis([(scores, rng) for _, scores, rng in cells], resamples=resamples)
-    records = [{**record, **_interval_fields(scores, interval)}
-               for (record, scores, _), interval in zip(cells, intervals, strict=True)]
-    return pd.DataFrame.from_records(records)
-
-
 def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None) -> pd.DataFrame:
-    """Row-level statistics: every repeat is a real prompt, call and cost."""
+    """The row-level statistics the terminal does not show (every repeat is a real prompt,
+    call and cost): the largest prompt, utilisation, latencies, output, auxiliary calls,
+    cost and prefix reuse."""
     ok = rows["status"] == ADMITTED
     # The strategy (and its auxiliary calls) ran whether or not the prompt then fitted.
     ran = ok | (rows["status"] == VIOLATION)
     data = rows[keys].copy()
-    data["is_ok"] = ok.astype("int64")
-    data["is_violation"] = (rows["status"] == VIOLATION).astype("int64")
-    data["is_error"] = (rows["status"] == ERROR).astype("int64")
     data["tokens"] = rows["counted_tokens"].where(ok)
     data["utilisation"] = rows["utilisation"].where(ok)
     data["model_s"] = rows["model_s"].where(ok)
@@ -286,24 +263,11 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
     data["aux_calls"] = rows["aux_calls"].where(ran)
     data["aux_input_tokens"] = rows["aux_input_tokens"].where(ran)
     data["aux_output_tokens"] = rows["aux_output_tokens"].where(ran)
+    # An agent episode's real cost: a violating episode made its earlier calls.
     data["cost"] = row_cost(rows, prices)
-    # An agent episode's calls and real cost; a violating episode made its earlier calls.
-    data["calls"] = rows["calls"].where(ran)
-    data["total_tokens"] = rows["total_tokens"].where(ran)
     data["prefix_reuse"] = rows["prefix_reuse"].where(ok)
-    # The share of an item's evidence the prompt as sent kept verbatim: over admitted
-    # prompts, as tokens are (a violating prompt is not sent; its row keeps its counts for
-    # diagnosis); rows of items without evidence (null) are left out.
-    data["evidence_retention"] = rows["evidence_retention"].where(ok)
-    # A teacher-forced episode's name-only step accuracy, beside quality's exact one.
-    data["name_accuracy"] = rows["name_accuracy"].where(ok)
     grouped = data.groupby(keys, sort=True, observed=True)
     table = grouped.agg(
-        n_cells=("is_ok", "size"),
-        n_ok=("is_ok", "sum"),
-        n_violation=("is_violation", "sum"),
-        n_error=("is_error", "sum"),
-        tokens_mean=("tokens", "mean"),
         tokens_max=("tokens", "max"),
         utilisation_mean=("utilisation", "mean"),
         output_tokens_mean=("output_tokens", "mean"),
@@ -311,18 +275,12 @@ def _usage_stats(rows: pd.DataFrame, keys: list[str], prices: PriceTable | None)
         aux_input_tokens_mean=("aux_input_tokens", "mean"),
         aux_output_tokens_mean=("aux_output_tokens", "mean"),
         cost_usd_total=("cost", lambda c: c.sum(min_count=1)),
-        calls_mean=("calls", "mean"),
-        total_tokens_mean=("total_tokens", "mean"),
         prefix_reuse_mean=("prefix_reuse", "mean"),
-        evidence_retention_mean=("evidence_retention", "mean"),
-        name_accuracy_mean=("name_accuracy", "mean"),
     )
     for column in ("strategy_s", "model_s", "latency_s"):
-        table[f"{column}_p50"] = grouped[column].quantile(0.5)
+        if column != "model_s":  # its median is summarise's
+            table[f"{column}_p50"] = grouped[column].quantile(0.5)
         table[f"{column}_p95"] = grouped[column].quantile(0.95)
-    table["violation_rate"] = [violation_rate(v, ok) for v, ok
-                               in zip(table["n_violation"], table["n_ok"], strict=True)]
-    table["cost_usd_per_cell"] = table["cost_usd_total"] / table["n_cells"]
     return table.reset_index()
 
 
@@ -526,7 +484,7 @@ def category_table(
     """The summary statistics per category, with the paired deltas of quality and of
     evidence retention against the reference."""
     keys = list(CATEGORY_CELL)
-    summary = summary_table(rows, items, keys, resamples=resamples, seed=seed, prices=prices)
+    summary = summary_table(rows, keys, resamples=resamples, seed=seed, prices=prices)
     paired = paired_table(items, reference, keys, resamples=resamples, seed=seed)
     paired = paired[[*keys, "n_paired", "delta", "delta_lo", "delta_hi",
                      "retention_delta", "retention_delta_lo", "retention_delta_hi"]]

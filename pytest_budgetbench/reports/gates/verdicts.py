@@ -4,12 +4,9 @@ violation rate, the regression rules), and what a retention mean leaves out."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-from pytest_budgetbench.records.rows import Status
 
 # -- gates: a verdict over every cell of one strategy@budget ---------------------------
 VIOLATION_GATE = "violation-rate"
@@ -145,46 +142,3 @@ def gate_specs(strategies: Mapping[str, bool], settings: GateSettings) -> list[G
             if settings.retention_floor(name, budget, reference) is not None:
                 specs.append(GateSpec(RETENTION_GATE, name, budget))
     return specs
-
-
-def retention_notes(rows: Iterable[Mapping[Any, Any]]) -> list[str]:
-    """One line per task and strategy@budget whose mean evidence retention leaves out items
-    that declare evidence: how many, of how many, and why (over budget, errored, or
-    admitted with none of it shown yet), so no item drops out of a mean without a word.
-    An item declares evidence when any of its rows counted some (a violating prompt's row
-    counts it too); the reports average over the admitted rows that have a retention."""
-    seen = [(str(r["task"]), str(r["item_id"]), str(r["strategy"]), int(r["budget"]),
-             str(r["status"]), _present(r.get("evidence_retention"))) for r in rows]
-    declares = {(task, item) for task, item, *_rest, kept in seen if kept is not None}
-    outcomes: dict[tuple[str, str, int], dict[str, set[str]]] = defaultdict(dict)
-    for task, item, strategy, budget, status, kept in seen:
-        if (task, item) in declares:
-            why = "counted" if status == Status.OK and kept is not None else status
-            outcomes[(task, strategy, budget)].setdefault(item, set()).add(why)
-    notes = []
-    for (task, strategy, budget), items in sorted(outcomes.items()):
-        left: defaultdict[str, int] = defaultdict(int)
-        for whys in items.values():
-            if "counted" not in whys:  # a repeat that counted keeps the item in the mean
-                left[next(w for w in _LEFT_OUT if w in whys)] += 1
-        if left:
-            reasons = ", ".join(f"{left[why]} {text}" for why, text in _LEFT_OUT.items()
-                                if left[why])
-            notes.append(f"task {task}: {strategy}@{budget}: evidence retention is the mean "
-                         f"over {len(items) - sum(left.values())} of the {len(items)} items "
-                         f"that declare evidence; left out: {reasons}")
-    return notes
-
-
-_LEFT_OUT: dict[str, str] = {
-    Status.VIOLATION: "over budget (the prompt was not sent)",
-    Status.ERROR: "errored (see cells.jsonl)",
-    Status.OK: "admitted with none of their evidence shown yet",
-}
-"""Why an item that declares evidence is not in a cell's retention mean (every status a
-row may have), in the order the line names them and a mixed item's repeats decide."""
-
-
-def _present(value: Any) -> float | None:
-    """A row's number, None where it is missing (null, or NaN in a DataFrame's rows)."""
-    return None if value is None or math.isnan(float(value)) else float(value)
