@@ -1,4 +1,4 @@
-"""Helpers shared by the strategy tests (``tests/test_strategies_*.py``).
+"""Helpers shared by the strategy tests (``tests/strategies/``).
 
 Each test module keeps its own module-scoped ``gguf`` fixture, a one-line wrapper of
 :func:`load_gguf` (a fixture imported from here would trip ruff's F811 where it is used).

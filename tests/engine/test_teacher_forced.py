@@ -15,8 +15,8 @@ import pytest
 from pytest_budgetbench.messages import tool_calls_of
 from pytest_budgetbench.tasks.agent_lookup import AgentLookupTask
 from pytest_budgetbench.tasks.base import ReferenceStep, TaskOptions, same_calls_step
+from tests.engine.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.fake_openai import FakeOpenAI, agent_responder
-from tests.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.test_plugin import rows_of
 
 pytest_plugins = ["pytester"]
@@ -74,7 +74,7 @@ def test_each_reference_step_is_predicted_scored_and_followed_by_the_reference(
     assert reference_ids == ["ref-0", "ref-1", "ref-2", "ref-3"]
     # The viewer shows each step's scores and the model's prediction beside the reference.
     from pytest_budgetbench.reports.viewer import Side, viewer_data
-    from tests.test_reports_viewer import cells_of
+    from tests.reports.test_viewer import cells_of
 
     (cells_file,) = (tmp_path / "out").glob("*/cells.jsonl")
     cells = cells_of(rows_of(tmp_path))

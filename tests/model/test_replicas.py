@@ -19,11 +19,11 @@ from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.model.replicas import ReplicaPool
 from pytest_budgetbench.settings.config import Settings, endpoint_urls
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL
+from tests.engine.test_episodes import lookup_args
+from tests.engine.test_sweep_resilience import rows_in, runs_in
 from tests.fake_openai import FakeOpenAI, agent_responder
-from tests.test_config import load
-from tests.test_episodes import lookup_args
+from tests.settings.test_config import load
 from tests.test_plugin import rows_of, sweep_args
-from tests.test_sweep_resilience import rows_in, runs_in
 
 QUESTION = [{"role": "user", "content": "my dog is called Rex. What is my dog called?"}]
 WAIT_S = 10.0

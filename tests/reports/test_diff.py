@@ -12,8 +12,8 @@ import pytest
 from pytest_budgetbench.commands.cli import main
 from pytest_budgetbench.reports.diff import diff_runs
 from pytest_budgetbench.reports.synthetic import synthetic_rows, write_prompts, write_run
+from tests.engine.test_sweep_resilience import runs_in, sweep
 from tests.fake_openai import FakeOpenAI
-from tests.test_sweep_resilience import runs_in, sweep
 
 pytest.importorskip("pandas")
 

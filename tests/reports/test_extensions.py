@@ -22,7 +22,7 @@ from pytest_budgetbench.reports.synthetic import make_row, write_run
 
 pd = pytest.importorskip("pandas")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class LengthReport:

@@ -12,7 +12,7 @@ import pytest
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.synthetic import make_row, synthetic_rows, write_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "screenshot_report.py"
 
 sys.path.insert(0, str(SCRIPT.parent))

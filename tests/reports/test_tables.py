@@ -13,7 +13,7 @@ from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.reports import Prices, ReportError, build_report, load, tables
 from pytest_budgetbench.reports.stats import cell_rng, resample_means, wilson_interval
 from pytest_budgetbench.reports.synthetic import make_row, write_run
-from tests.test_records import SCHEMA_1_LINE
+from tests.records.test_records import SCHEMA_1_LINE
 
 pd = pytest.importorskip("pandas")
 
@@ -68,7 +68,7 @@ def test_shards_concatenate_and_the_last_row_of_a_cell_wins(tmp_path: Path) -> N
 
 
 def test_a_schema_1_run_loads_into_the_report(tmp_path: Path) -> None:
-    # The row file exactly as the schema-1 runner wrote it (see tests/test_records.py).
+    # The row file exactly as the schema-1 runner wrote it (see tests/records/test_records.py).
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "cells.jsonl").write_text(SCHEMA_1_LINE, encoding="utf-8")
     rows = load.load([tmp_path / "run"])

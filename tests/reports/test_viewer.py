@@ -32,7 +32,7 @@ from pytest_budgetbench.reports.viewer_page import page_json, script_csp_source,
 
 pytest.importorskip("pandas")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 try:
     from screenshot_report import find_chromium

@@ -17,7 +17,7 @@ from pytest_budgetbench.redact import forget_secrets, redact, request_target
 from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.tokens.server import ServerCounter
 from tests.fake_openai import FakeOpenAI
-from tests.test_config import load
+from tests.settings.test_config import load
 from tests.test_plugin import sweep_args
 
 KEY = "sk-teamKEYabcdef123456"

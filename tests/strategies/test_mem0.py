@@ -395,7 +395,7 @@ def test_no_network_no_telemetry_and_nothing_written_outside_mem0s_own_dir(
     no socket is opened or name resolved, telemetry is off and never started, stores are
     in memory, and every file kept is under mem0's directory (or bytecode): the run's
     ``strategy-files/mem0`` in a run, else a private one removed at exit."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     home = tmp_path / "home"
     home.mkdir()
     work_dir = tmp_path / "run" / "strategy-files"

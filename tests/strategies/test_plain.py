@@ -68,19 +68,19 @@ class LastTwo:
 
 # -- resolution ---------------------------------------------------------------------------
 def test_a_function_resolves_to_a_strategy_with_the_declared_defaults() -> None:
-    cls = REGISTRY.resolve("tests.test_plain_strategies:keep_ends")
+    cls = REGISTRY.resolve("tests.strategies.test_plain:keep_ends")
     assert issubclass(cls, Strategy)
     assert cls.name == "keep_ends"
     assert cls.regimes == frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
     assert cls.reference is False
-    strategy = load_strategy("tests.test_plain_strategies:keep_ends")
+    strategy = load_strategy("tests.strategies.test_plain:keep_ends")
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "old"},
                 {"role": "user", "content": "q?"}]
     assert strategy.apply(messages, 10) == [messages[0], messages[2]]
 
 
 def test_a_class_with_call_gets_one_instance_per_strategy_and_its_own_regimes() -> None:
-    cls = REGISTRY.resolve("tests.test_plain_strategies:LastTwo")
+    cls = REGISTRY.resolve("tests.strategies.test_plain:LastTwo")
     assert cls.name == "LastTwo" and cls.regimes == frozenset({Regime.LOCAL_ONLY})
     first, second = cls(), cls()
     messages = [{"role": "user", "content": "q?"}]

@@ -272,7 +272,7 @@ def test_xdist_workers_run_the_shard_their_controller_resolved(
 
 
 # -- the manual's examples: each engine's job runs every shard once ----------------------
-SHARDS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reruns-xdist-shards.md"
+SHARDS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reruns-xdist-shards.md"
 
 
 def _fenced(lang: str) -> list[str]:

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("BUDGETBENCH_SHARED_DIR") or ROOT.parent / "shared")
 SCORERS = SHARED / "official_scorers"
 DATA = SHARED / "data"

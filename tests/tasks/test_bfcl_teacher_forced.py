@@ -34,7 +34,7 @@ from pytest_budgetbench.tasks.bfcl import (  # noqa: E402
     forget,
     fresh_model_name,
 )
-from tests.test_tasks_bfcl import _items, _task, as_call  # noqa: E402
+from tests.tasks.test_bfcl import _items, _task, as_call  # noqa: E402
 
 REPLAYED = {"bfcl_multi_turn_base": 200, "bfcl_multi_turn_long_context": 25,
             "bfcl_multi_turn_miss_func": 40, "bfcl_multi_turn_miss_param": 25}

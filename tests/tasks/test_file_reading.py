@@ -340,7 +340,7 @@ def test_regrade_of_a_run_it_cannot_read_is_one_line(
 def test_regrade_of_a_row_whose_budget_is_not_an_integer_is_one_line(
     tmp_path: Path, budget: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_regrade import YES_ID, _row
+    from tests.commands.test_regrade import YES_ID, _row
 
     data = fx.write_json(tmp_path / "hotpot_dev_distractor_v1.json", fx.hotpotqa_records())
     run = tmp_path / "run"

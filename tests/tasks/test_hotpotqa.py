@@ -14,7 +14,7 @@ from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import hotpotqa_records, write_json
 from pytest_budgetbench.tasks.hotpotqa import HotpotQATask, exact_match, f1_score
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "hotpotqa" / (
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa" / (
     "hotpot_dev_distractor_first30.json"
 )
 

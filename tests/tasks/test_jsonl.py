@@ -19,8 +19,8 @@ from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx
 from pytest_budgetbench.tasks.graders import AnswerGrader, parse_tolerance
 from tests.fake_openai import FakeOpenAI
+from tests.tasks.test_longmemeval import FakeJudge
 from tests.test_plugin import rows_of, sweep_args
-from tests.test_tasks_longmemeval import FakeJudge
 
 CHAT = [{"role": "user", "content": "my dog is called Rex"},
         {"role": "assistant", "content": "Noted."}]
@@ -482,9 +482,9 @@ def test_judge_grader_sends_question_gold_and_rubric_and_reads_yes() -> None:
 
 def test_a_callable_grader_by_module_attr(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.jsonl", {"messages": [*CHAT, QUESTION], "answer": "Rex"})
-    task = _task(path, grader="tests.test_tasks_jsonl:shouting_grader")
+    task = _task(path, grader="tests.tasks.test_jsonl:shouting_grader")
     (item,) = task.load()
-    assert task.grader_id == "tests.test_tasks_jsonl:shouting_grader/2"
+    assert task.grader_id == "tests.tasks.test_jsonl:shouting_grader/2"
     assert task.grade(item, "REX").quality == 1.0
     assert task.grade(item, "rex").quality == 0.5
 

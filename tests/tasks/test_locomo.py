@@ -14,7 +14,7 @@ from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import locomo_samples, write_json
 from pytest_budgetbench.tasks.locomo import NOT_MENTIONED, LoCoMoTask, f1_multi, score
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / (
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / (
     "locomo_conv26_conv30.json"
 )
 

@@ -16,7 +16,7 @@ from pytest_budgetbench.tasks.longbench_v2 import (
     extract_answer_guarded,
 )
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "longbench_v2" / (
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "longbench_v2" / (
     "longbench_v2_dev12.json"
 )
 

@@ -21,7 +21,7 @@ from pytest_budgetbench.tasks.longmemeval import (
     LongMemEvalTask,
 )
 
-REAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "longmemeval"
+REAL_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "longmemeval"
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import needle_haystack
 from pytest_budgetbench.tasks.needle import DEPTHS, NEEDLE_COUNTS, NeedleTask, string_match_all
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "ruler_haystack" / (
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "ruler_haystack" / (
     "paul_graham_essays"
 )
 

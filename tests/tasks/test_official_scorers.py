@@ -4,7 +4,7 @@ Every benchmark scores at least 60 generated replies (empty, refusals, markdown,
 rambles, hedges, multi-line, unicode punctuation, numbers as words, option letters, the gold
 inside a long reply) over the gold answers of ``../shared/data``, with the project's
 default grader and with the upstream functions loaded from ``../shared/official_scorers``
-(see tests/official_scorers.py), and asserts they agree on every one. Grader variants may
+(see tests/tasks/official_scorers.py), and asserts they agree on every one. Grader variants may
 disagree, but never by crediting a hedge more than upstream does.
 """
 
@@ -36,7 +36,7 @@ from pytest_budgetbench.tasks.needle import NeedleTask
 from pytest_budgetbench.tasks.swe_verified import SWEVerifiedTask
 from pytest_budgetbench.tasks.tau2_retail import Tau2RetailTask, first_json_object
 from tests.fake_openai import FakeOpenAI
-from tests.official_scorers import (
+from tests.tasks.official_scorers import (
     DATA,
     SCORERS,
     load_upstream,

@@ -13,7 +13,7 @@ from pytest_budgetbench.tasks.graders import AnswerGrader
 from tests.fake_openai import FakeOpenAI
 from tests.test_plugin import rows_of, sweep_args
 
-TASKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "tasks.md"
+TASKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "tasks.md"
 
 
 def _python_block(section: str, opening: str) -> str:

@@ -32,12 +32,12 @@ from pytest_budgetbench.tasks.longmemeval import LongMemEvalTask
 from pytest_budgetbench.tasks.memory import MemoryTask
 from pytest_budgetbench.tasks.needle import NeedleTask
 from pytest_budgetbench.tokens.approximate import ApproxCounter
-from tests.test_model_free import model_free_args, retention_by_cell
+from tests.engine.test_model_free import model_free_args, retention_by_cell
+from tests.tasks.test_hotpotqa import REAL as HOTPOTQA
+from tests.tasks.test_locomo import REAL as LOCOMO
+from tests.tasks.test_longmemeval import REAL_DIR as LONGMEMEVAL_DIR
+from tests.tasks.test_needle import REAL as RULER_HAYSTACK
 from tests.test_plugin import rows_of
-from tests.test_tasks_hotpotqa import REAL as HOTPOTQA
-from tests.test_tasks_locomo import REAL as LOCOMO
-from tests.test_tasks_longmemeval import REAL_DIR as LONGMEMEVAL_DIR
-from tests.test_tasks_needle import REAL as RULER_HAYSTACK
 
 pytest_plugins = ["pytester"]
 

@@ -19,7 +19,7 @@ from pytest_budgetbench.tasks.swe_verified import (
     strip_prefix,
 )
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "swebench_verified" / (
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "swebench_verified" / (
     "swebench_verified_dev50.jsonl"
 )
 UTIL_ONLY = "\n".join([

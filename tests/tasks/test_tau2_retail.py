@@ -12,7 +12,7 @@ from pytest_budgetbench.tasks import Item, TaskOptions
 from pytest_budgetbench.tasks._fixtures import tau2_retail_domain
 from pytest_budgetbench.tasks.tau2_retail import Tau2RetailTask, first_json_object, same_value
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "tau2_bench"
+REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau2_bench"
 GOOD = {"name": "find_user_id_by_name_zip",
         "arguments": {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}}
 

@@ -281,7 +281,7 @@ def test_a_prompt_counted_whole_is_tokenized_once_however_often_it_is_counted(
     from pytest_budgetbench.tokens.approximate import ApproxCounter
 
     counter = ApproxCounter()
-    # The whole-prompt path, as for a template that is not additive (tests/test_framing.py).
+    # The whole-prompt path, as for a template that is not additive (tests/tokens/test_framing.py).
     monkeypatch.setattr(counter, "verifies_additivity", False)
     calls: list[int] = []
     original = counter._count_prompt

@@ -16,8 +16,8 @@ from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.framing import Case, verify_additivity
 from pytest_budgetbench.tokens.gguf import GGUFCounter
 from pytest_budgetbench.tokens.huggingface import HFCounter
-from tests import chat_templates
 from tests.strategy_helpers import load_gguf
+from tests.tokens import chat_templates
 
 IMAGE_PART = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 _PIECE = st.one_of(
