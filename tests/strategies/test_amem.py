@@ -9,7 +9,7 @@ import importlib.util
 import inspect
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from pytest_budgetbench.strategies.amem import (
     EVOLUTION_SCHEMA,
     EVOLVE_REPLY_TOKENS,
     JSON_SYSTEM,
-    MEMORIES,
+    MEMORIES,  # noqa: F401 - cleared around each test by fresh_memories (conftest.py)
     MEMORY_HEADER,
     NOTE_PROMPT,
     NOTE_REPLY_TOKENS,
@@ -48,6 +48,8 @@ from tests.strategy_helpers import (
     run_with_aux,
     scripted_responder,
 )
+
+pytestmark = pytest.mark.usefixtures("fresh_memories")
 
 Replies = dict[str, str]
 """A scripted reply by prompt kind: note, evolve."""
@@ -88,13 +90,6 @@ def chromadb_loaded() -> None:
     """chromadb imported before pytester's snapshot of the modules: its restore would make
     the next in-process run import the native extension a second time."""
     STORE.client()
-
-
-@pytest.fixture(autouse=True)
-def fresh_memories() -> Iterator[None]:
-    MEMORIES.clear()  # each test builds its own memories
-    yield
-    MEMORIES.clear()
 
 
 def _run(messages: list[Message], budget: int, replies: Replies = GOOD,

@@ -35,22 +35,15 @@ from pytest_budgetbench.testing import EchoAuxModel, HashingEmbedder, check_stra
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.gguf import GGUFCounter
-from tests.strategy_helpers import memory_items
+from tests.strategy_helpers import ScriptedAux, memory_items
 
 CONTROLS = (BudgetMemLow, BudgetMemMid, BudgetMemHigh, BudgetMemRandom)
 
 
-class RecordingAux:
-    """Records (purpose, counted tokens, prompt) of every call; replies ``reply``."""
-
-    def __init__(self, tokens: TokenCounter, reply: str = "1, 2 FINAL: Nugget - pet - user"):
-        self.tokens = tokens
-        self.reply = reply
-        self.calls: list[tuple[str, int, list[Message]]] = []
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        self.calls.append((purpose, self.tokens.count_messages(messages), list(messages)))
-        return self.reply
+def recording_aux(tokens: TokenCounter, reply: str = "1, 2 FINAL: Nugget - pet - user"
+                  ) -> ScriptedAux:
+    """The scripted aux model, no limit of its own, answering every module with ``reply``."""
+    return ScriptedAux(tokens, reply=reply)
 
 
 def _context(tokens: TokenCounter, aux: Any = None, **options: str) -> StrategyContext:
@@ -116,7 +109,7 @@ def test_no_room_means_system_and_query_only() -> None:
     tokens = ApproxCounter()
     messages = list(memory_items(1, 2500)[0].messages)
     floor = tokens.count_messages([messages[0], messages[-1]])
-    aux = RecordingAux(tokens)
+    aux = recording_aux(tokens)
     strategy = BudgetMemHigh()
     strategy.reset(_context(tokens, aux))
     assert strategy.apply(messages, floor + 2) == [messages[0], messages[-1]]
@@ -126,7 +119,7 @@ def test_no_room_means_system_and_query_only() -> None:
 # -- tiers and their auxiliary calls -----------------------------------------------------------
 def test_implementation_axis_calls_the_model_only_at_high() -> None:
     tokens = ApproxCounter()
-    low_aux, high_aux = RecordingAux(tokens), RecordingAux(tokens)
+    low_aux, high_aux = recording_aux(tokens), recording_aux(tokens)
     _run(BudgetMemLow(), aux=low_aux)
     _run(BudgetMemMid(), aux=low_aux)
     _prompt, context = _run(BudgetMemHigh(), aux=high_aux)
@@ -155,7 +148,7 @@ def test_every_module_is_timed_heuristic_tiers_included() -> None:
 def test_every_auxiliary_prompt_fits_the_budget(budget: int) -> None:
     tokens = ApproxCounter()
     for axis in ("implementation", "reasoning"):
-        aux = RecordingAux(tokens, reply="word " * 400)
+        aux = recording_aux(tokens, reply="word " * 400)
         prompt, _context = _run(BudgetMemHigh(), budget=budget, aux=aux, budgetmem_axis=axis)
         assert aux.calls, "the budget leaves room: the model should be asked"
         assert max(c[1] for c in aux.calls) <= budget
@@ -164,9 +157,9 @@ def test_every_auxiliary_prompt_fits_the_budget(budget: int) -> None:
 
 def test_filter_high_keeps_the_passages_the_model_names() -> None:
     tokens = ApproxCounter()
-    _prompt, context = _run(BudgetMemHigh(), aux=RecordingAux(tokens, reply="2"))
+    _prompt, context = _run(BudgetMemHigh(), aux=recording_aux(tokens, reply="2"))
     assert context.info["budgetmem"]["kept"] == 1
-    _prompt, context = _run(BudgetMemHigh(), aux=RecordingAux(tokens, reply="none"))
+    _prompt, context = _run(BudgetMemHigh(), aux=recording_aux(tokens, reply="none"))
     assert context.info["budgetmem"]["kept"] == context.info["budgetmem"]["retrieved"]
 
 
@@ -174,7 +167,7 @@ def test_reasoning_axis_prompt_styles() -> None:
     tokens = ApproxCounter()
     purposes = {}
     for cls in (BudgetMemLow, BudgetMemMid, BudgetMemHigh):
-        aux = RecordingAux(tokens)
+        aux = recording_aux(tokens)
         _run(cls(), aux=aux, budgetmem_axis="reasoning")
         purposes[cls.name] = aux.calls
     low, mid, high = purposes.values()
@@ -188,7 +181,7 @@ def test_reasoning_axis_prompt_styles() -> None:
 
 def test_capacity_axis_uses_named_models_and_falls_back() -> None:
     tokens = ApproxCounter()
-    default, small, large = RecordingAux(tokens), RecordingAux(tokens), RecordingAux(tokens)
+    default, small, large = recording_aux(tokens), recording_aux(tokens), recording_aux(tokens)
     for cls in (BudgetMemLow, BudgetMemMid, BudgetMemHigh):
         context = _context(tokens, default, budgetmem_axis="capacity")
         context.aux_models = {"small": small, "large": large}
@@ -259,7 +252,7 @@ def test_router_names_resolve_to_one_class_per_lambda() -> None:
 def test_missing_checkpoint_names_the_path_and_the_command(tmp_path: Path) -> None:
     strategy = load_strategy("budgetmem@0.5")
     tokens = ApproxCounter()
-    strategy.reset(_context(tokens, RecordingAux(tokens), budgetmem_router_dir=str(tmp_path)))
+    strategy.reset(_context(tokens, recording_aux(tokens), budgetmem_router_dir=str(tmp_path)))
     with pytest.raises(ConfigError) as caught:
         strategy.apply(list(memory_items(1, 2500)[0].messages), 1024)
     message = str(caught.value)

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ from tests.strategy_helpers import (
     memory_items,
     run_with_aux,
 )
+
+pytestmark = pytest.mark.usefixtures("fresh_memories")
 
 if importlib.util.find_spec("mem0") is None:  # not imported here: mem0 must first see
     pytest.skip("mem0ai is not installed", allow_module_level=True)  # its settings
@@ -98,13 +100,6 @@ def extraction_reply(reply: Reply) -> Callable[[Sequence[Message]], str]:
         return reply(new_messages(text_of(messages[-1])))
 
     return answer
-
-
-@pytest.fixture(autouse=True)
-def fresh_memories() -> Iterator[None]:
-    MEMORIES.clear()  # each test builds its own memories
-    yield
-    MEMORIES.clear()
 
 
 def _run(messages: list[Message], budget: int, reply: Reply = remembering,

@@ -4,7 +4,7 @@ the budget and recorded on the row, memory reused across budgets but never acros
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from pytest_budgetbench.strategies import load_strategy
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
 from pytest_budgetbench.strategies.memgpt import (
     MEMGPT_WINDOW,
-    MEMORIES,
+    MEMORIES,  # noqa: F401 - cleared around each test by fresh_memories (conftest.py)
     MEMORY_HEADER,
     PAGE_SIZE,
     PRESSURE_WARNING,
@@ -34,6 +34,8 @@ from tests.strategy_helpers import (
     run_with_aux,
     scripted_responder,
 )
+
+pytestmark = pytest.mark.usefixtures("fresh_memories")
 
 Replies = dict[str, str]
 """A scripted reply by prompt kind: core_edit, summarise, search."""
@@ -62,13 +64,6 @@ def kind_of(messages: Sequence[Message]) -> str:
     if "Question to answer next" in last:
         return "search"
     return "answer"
-
-
-@pytest.fixture(autouse=True)
-def fresh_memories() -> Iterator[None]:
-    MEMORIES.clear()  # each test builds its own memories
-    yield
-    MEMORIES.clear()
 
 
 def _run(messages: list[Message], budget: int, replies: Replies = GOOD,

@@ -24,21 +24,10 @@ from pytest_budgetbench.testing import HashingEmbedder
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.gguf import GGUFCounter
-from tests.strategy_helpers import memory_items
+from tests.strategy_helpers import ScriptedAux, memory_items
 
 PACKING_STRATEGIES = ("rag", "lean_retrieval", "checkpoint_context", "compression",
                       "summary_buffer")
-
-
-class WordsAux:
-    """An instant auxiliary model: the first ``max_tokens`` words of the prompt."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        self.calls += 1
-        return " ".join(text_of(messages[-1]).split()[:max_tokens])
 
 
 class PairPenaltyCounter(ApproxCounter):
@@ -136,7 +125,9 @@ def test_packer_never_exceeds_when_estimates_undercount() -> None:
 
 
 def _context(tokens: TokenCounter) -> StrategyContext:
-    return StrategyContext(tokens=tokens, item_id="memory/x", aux=WordsAux(),
+    # The auxiliary model answers with the first max_tokens words of the prompt.
+    aux = ScriptedAux(tokens, reply=lambda sent: text_of(sent[-1]), words=True)
+    return StrategyContext(tokens=tokens, item_id="memory/x", aux=aux,
                            embedder_factory=HashingEmbedder, options={"rag_chunk": "adaptive"})
 
 

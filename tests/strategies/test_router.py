@@ -46,7 +46,7 @@ from pytest_budgetbench.testing import HashingEmbedder, check_strategy  # noqa: 
 from pytest_budgetbench.tokens.approximate import ApproxCounter  # noqa: E402
 from pytest_budgetbench.tokens.base import TokenCounter  # noqa: E402
 from tests.fake_openai import FakeOpenAI, reading_responder  # noqa: E402
-from tests.strategy_helpers import memory_items  # noqa: E402
+from tests.strategy_helpers import ScriptedAux, memory_items  # noqa: E402
 
 DIM = 8
 
@@ -281,8 +281,9 @@ def test_router_decides_by_argmax_and_records_its_tiers(router_dir: Path) -> Non
     messages = list(memory_items(1, 1500)[0].messages)
     infos = []
     for _ in range(2):
-        context = StrategyContext(tokens=tokens, item_id="memory/0000",
-                                  aux=FakeChatAux(tokens), embedder_factory=HashingEmbedder,
+        aux = ScriptedAux(tokens, reply=lambda sent: text_of(sent[-1])[:40])
+        context = StrategyContext(tokens=tokens, item_id="memory/0000", aux=aux,
+                                  embedder_factory=HashingEmbedder,
                                   options={"budgetmem_router_dir": str(router_dir)})
         strategy.reset(context)
         strategy.apply(messages, 900)
@@ -290,14 +291,6 @@ def test_router_decides_by_argmax_and_records_its_tiers(router_dir: Path) -> Non
     assert infos[0] == infos[1] and set(infos[0]) == set(MODULES)
     policy = Policy.load(checkpoint_path(router_dir, "0.1"))
     assert policy.meta["episodes"] == 6 and policy.meta["embedder"] == "hashing-64"
-
-
-class FakeChatAux:
-    def __init__(self, tokens: TokenCounter) -> None:
-        self.tokens = tokens
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        return text_of(messages[-1])[:40]
 
 
 # -- the console command -----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,20 +15,13 @@ from pytest_budgetbench.testing import check_strategy
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.gguf import GGUFCounter
-from tests.strategy_helpers import memory_items, run_strategy
+from tests.strategy_helpers import ScriptedAux, memory_items, run_strategy
 
 
-class RecordingAux:
-    """Records every prompt with its exact count; replies with a numbered summary."""
-
-    def __init__(self, tokens: TokenCounter) -> None:
-        self.tokens = tokens
-        self.calls: list[tuple[str, int, int, list[Message]]] = []
-
-    def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str) -> str:
-        counted = self.tokens.count_messages(messages)
-        self.calls.append((purpose, counted, max_tokens, list(messages)))
-        return f"summary {len(self.calls)}: the user likes tea"
+def numbered_summaries() -> Callable[[Sequence[Message]], str]:
+    """A reply per call: a numbered summary."""
+    numbers = itertools.count(1)
+    return lambda _prompt: f"summary {next(numbers)}: the user likes tea"
 
 
 def _messages(turns: int) -> list[Message]:
@@ -40,8 +34,8 @@ def _messages(turns: int) -> list[Message]:
 
 
 def _run(tokens: TokenCounter, messages: list[Message], budget: int
-         ) -> tuple[list[Message], RecordingAux]:
-    aux = RecordingAux(tokens)
+         ) -> tuple[list[Message], ScriptedAux]:
+    aux = ScriptedAux(tokens, reply=numbered_summaries())
     return run_strategy(SummaryBuffer(), messages, budget, tokens, aux=aux), aux
 
 
@@ -77,7 +71,7 @@ def test_one_summary_call_when_the_eviction_fits_one_prompt() -> None:
     assert prompt[1] == {"role": "system", "content": summary}
     assert tokens.count_messages(prompt) <= budget
     # The oldest turns went to the summary prompt, the newest stayed verbatim.
-    assert "On day 0 I walked" in text_of(aux.calls[0][3][-1])
+    assert "On day 0 I walked" in text_of(aux.calls[0].prompt[-1])
     assert messages[-2] in prompt
 
 
@@ -90,9 +84,9 @@ def test_long_evictions_are_summarised_in_pieces_within_budget(budget: int) -> N
     purposes = [c[0] for c in aux.calls]
     assert purposes.count("summary") >= 3  # map over several pieces ...
     assert purposes[-1] == "summary-reduce"  # ... then reduce to one
-    assert all(counted <= budget for _p, counted, _m, _msgs in aux.calls)
+    assert all(counted <= budget for _p, counted, _msgs in aux.calls)
     # Every evicted turn was read by some map call.
-    read = "\n".join(text_of(c[3][-1]) for c in aux.calls if c[0] == "summary")
+    read = "\n".join(text_of(c.prompt[-1]) for c in aux.calls if c.purpose == "summary")
     assert "On day 0 I walked" in read and "On day 30 I walked" in read
     assert tokens.count_messages(prompt) <= budget
     assert prompt[1]["content"].startswith(SUMMARY_HEADER)
@@ -102,7 +96,7 @@ def test_exact_counter_keeps_every_call_within_budget(gguf: GGUFCounter) -> None
     messages = _messages(40)
     prompt, aux = _run(gguf, messages, 256)
     assert len(aux.calls) >= 3
-    assert all(counted <= 256 for _p, counted, _m, _msgs in aux.calls)
+    assert all(counted <= 256 for _p, counted, _msgs in aux.calls)
     assert gguf.count_messages(prompt) <= 256
 
 
