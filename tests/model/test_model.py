@@ -1,14 +1,23 @@
-"""ChatModel against the fake server: retries, faults, errors that never leak the key."""
+"""ChatModel against the fake server: retries and Retry-After waits, faults, errors that never
+leak the key."""
 
 from __future__ import annotations
 
+import email.utils
 import time
 from collections.abc import Iterator
 
 import pytest
 
 from pytest_budgetbench.errors import EndpointError
-from pytest_budgetbench.model.chat import ChatModel, Completion, free_port, probe_endpoint
+from pytest_budgetbench.model import chat as model_module
+from pytest_budgetbench.model.chat import (
+    ChatModel,
+    Completion,
+    free_port,
+    probe_endpoint,
+    retry_after_seconds,
+)
 from pytest_budgetbench.redact import redact_url
 from tests.fake_openai import FakeOpenAI, returning_within
 
@@ -180,6 +189,61 @@ def test_mixed_faults_each_count_as_an_attempt(fake: FakeOpenAI) -> None:
     assert len(fake.requests) == 4
 
 
+# -- Retry-After ------------------------------------------------------------------------
+@pytest.mark.parametrize(("header", "expected"), [
+    ("5", 5.0), (" 2.5 ", 2.5), ("-3", 0.0), ("inf", float("inf")),
+    ("1e400", float("inf")), ("nan", None), ("soon", None), ("", None), (None, None),
+    ("Mon, 01 Jan 10000 00:00:00 GMT", None),
+])
+def test_retry_after_is_parsed_defensively(header: str | None, expected: float | None) -> None:
+    assert retry_after_seconds(header) == expected
+
+
+def test_retry_after_as_an_http_date_is_seconds_from_now() -> None:
+    now = 1_000_000.0
+    header = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_after_seconds(header, now=now) == pytest.approx(30.0)
+    assert retry_after_seconds(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every wait the client asks for, without waiting."""
+    asked: list[float] = []
+    monkeypatch.setattr(model_module.time, "sleep", asked.append)
+    return asked
+
+
+@pytest.mark.parametrize("header", ["3600", "inf", "1e400"])
+def test_a_retry_after_past_the_cap_ends_the_call_instead_of_sleeping(
+    fake: FakeOpenAI, sleeps: list[float], header: str
+) -> None:
+    fake.faults = [f"429:{header}"]
+    chat = ChatModel(fake.base_url, fake.model, api_key=SECRET, timeout=5.0, attempts=3)
+    with pytest.raises(EndpointError, match="asked to retry after") as info:
+        chat.complete(QUESTION, max_tokens=4)
+    assert sleeps == [] and "5 s" in str(info.value) and SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize("header", ["-5", "garbage", "nan", "2"])
+def test_odd_retry_after_values_wait_at_most_the_cap_then_answer(
+    fake: FakeOpenAI, sleeps: list[float], header: str
+) -> None:
+    fake.faults = [f"429:{header}"]
+    chat = ChatModel(fake.base_url, fake.model, timeout=5.0, attempts=3, max_backoff_s=3.0)
+    assert chat.complete(QUESTION, max_tokens=4).text == "Biscuit"
+    assert len(sleeps) == 1 and 0.0 <= sleeps[0] <= 3.0
+
+
+def test_the_exponential_backoff_is_capped_by_the_timeout(
+    fake: FakeOpenAI, sleeps: list[float]
+) -> None:
+    fake.faults = ["500"] * 4
+    chat = ChatModel(fake.base_url, fake.model, timeout=0.5, attempts=5, backoff_s=100.0)
+    assert chat.complete(QUESTION, max_tokens=4).text == "Biscuit"
+    assert len(sleeps) == 4 and max(sleeps) <= 0.5
+
+
 def test_probe_lists_the_served_model(fake_endpoint: FakeOpenAI) -> None:
     fake_endpoint.model = "served-model-7"
     assert probe_endpoint(fake_endpoint.base_url, SECRET) == ["served-model-7"]
@@ -203,28 +267,6 @@ def test_free_port_is_bindable() -> None:
     assert 0 < port < 65536
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", port))
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("http://user:password@host.example:8080/v1?api_key=sk-1",
-         "http://host.example:8080/v1"),
-        ("https://sk-secret-123@api.example.com/v1", "https://api.example.com/v1"),
-        ("https://api.example.com/v1?key=sk-secret-123&x=1#frag", "https://api.example.com/v1"),
-        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
-        ("http://localhost/v1/", "http://localhost/v1/"),
-    ],
-)
-def test_redact_url_drops_credentials_and_queries(url: str, expected: str) -> None:
-    redacted = redact_url(url)
-    assert redacted == expected
-    assert "password" not in redacted
-    assert "sk-" not in redacted
-
-
-def test_redact_url_keeps_ipv6_brackets() -> None:
-    assert redact_url("http://user:pw@[::1]:8080/v1?k=s") == "http://[::1]:8080/v1"
 
 
 @pytest.mark.parametrize("fault", ["500", "malformed", "none"])
