@@ -31,8 +31,8 @@ from pytest_budgetbench.messages import text_of
 from pytest_budgetbench.strategies.base import StrategyContext
 from pytest_budgetbench.strategies.llmlingua2 import LLMLingua2, model_directory
 from pytest_budgetbench.tokens.approximate import ApproxCounter
+from tests.strategies.test_llmlingua2 import build_tiny_model, build_tiny_xlm_roberta
 from tests.strategy_helpers import memory_items
-from tests.test_strategies_llmlingua2 import build_tiny_model, build_tiny_xlm_roberta
 
 SHAPES = {  # builder, hidden, layers, heads
     "large": (build_tiny_xlm_roberta, 1024, 24, 16),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,11 +13,16 @@ from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import load_gguf
 
+with contextlib.suppress(ImportError):
+    import onnx  # noqa: F401 - see below
+
 pytest_plugins = ["pytester"]
-# numpy, httpx and httpcore are imported here, once. An in-process pytester run drops the
-# modules it imported when it ends: numpy cannot be imported a second time in one process,
-# and a second httpcore would have exception classes that the first httpx cannot map, so
-# a later read timeout would escape as httpcore's own (not an httpx.TransportError).
+# numpy, httpx, httpcore and onnx are imported here, once. An in-process pytester run drops
+# the modules it imported when it ends: numpy cannot be imported a second time in one
+# process, nor can onnx (a model-free sweep's rag loads MiniLM, which imports it; a second
+# import aborts the process: "refusing to add duplicate key"), and a second httpcore would have
+# exception classes that the first httpx cannot map, so a later read timeout would escape
+# as httpcore's own (not an httpx.TransportError).
 
 
 @pytest.fixture

@@ -1,14 +1,15 @@
-"""Helpers shared by the strategy tests (``tests/test_strategies_*.py``).
+"""Helpers shared by the strategy tests (``tests/strategies/``).
 
-Each test module keeps its own module-scoped ``gguf`` fixture, a one-line wrapper of
-:func:`load_gguf` (a fixture imported from here would trip ruff's F811 where it is used).
+The exact counter is the session-scoped ``gguf`` fixture of ``tests/conftest.py`` (a
+wrapper of :func:`load_gguf`); the scripted auxiliary model every strategy test drives is
+:class:`ScriptedAux`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -52,31 +53,44 @@ def memory_items(items: int, history_tokens: int) -> list[Item]:
     return MemoryTask(TaskOptions(items=items, extra={"history_tokens": history_tokens})).load()
 
 
-class ScriptedAux:
-    """An auxiliary model for the memory-system tests: ``reply(prompt)`` answers; every call
-    is recorded (purpose, counted tokens, prompt, and the schema it asked for) and must fit
-    ``limit`` tokens."""
+class AuxCall(NamedTuple):
+    """One call a :class:`ScriptedAux` answered."""
 
-    def __init__(self, tokens: TokenCounter, limit: int,
-                 reply: Callable[[Sequence[Message]], str]) -> None:
-        self.tokens, self.limit, self.reply = tokens, limit, reply
-        self.calls: list[tuple[str, int, list[Message]]] = []
+    purpose: str
+    counted: int
+    """The prompt's tokens, by the aux model's counter."""
+    prompt: list[Message]
+
+
+class ScriptedAux:
+    """The scripted auxiliary model of the strategy tests. ``reply`` answers each call: a
+    text, or a function of the prompt. Every call is recorded (:class:`AuxCall`, and the
+    schema each purpose asked for) and, where ``limit`` is given, must fit it. ``words=True``
+    cuts a reply to ``max_tokens`` words, as a model's own cap would."""
+
+    def __init__(self, tokens: TokenCounter, limit: int | None = None,
+                 reply: str | Callable[[Sequence[Message]], str] = "a reply", *,
+                 words: bool = False) -> None:
+        self.tokens, self.limit, self.reply, self.words = tokens, limit, reply, words
+        self.calls: list[AuxCall] = []
         self.schemas: dict[str, Schema | None] = {}
         """The schema each purpose's calls asked for (the last call's)."""
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int, purpose: str,
                  schema: Schema | None = None) -> str:
         counted = self.tokens.count_messages(messages)
-        assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
-        self.calls.append((purpose, counted, list(messages)))
+        if self.limit is not None:
+            assert counted <= self.limit, f"{purpose} sent {counted} > {self.limit}"
+        self.calls.append(AuxCall(purpose, counted, list(messages)))
         self.schemas[purpose] = schema
-        return self.reply(messages)
+        reply = self.reply if isinstance(self.reply, str) else self.reply(messages)
+        return " ".join(reply.split()[:max_tokens]) if self.words else reply
 
     def purposes(self) -> list[str]:
-        return [purpose for purpose, _count, _prompt in self.calls]
+        return [call.purpose for call in self.calls]
 
     def prompts(self) -> list[str]:
-        return [text_of(m) for _p, _c, sent in self.calls for m in sent]
+        return [text_of(m) for call in self.calls for m in call.prompt]
 
 
 def scripted_responder(kind_of: Callable[[Sequence[Message]], str], replies: dict[str, str]

@@ -249,3 +249,51 @@ def test_every_package_is_on_the_architecture_map() -> None:
                       if path.parent != ROOT)
     missing = [name for name in packages if f"{name.replace('.', '/')}/" not in page]
     assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+# -- the tests mirror the packages ---------------------------------------------------------
+TESTS = Path(__file__).resolve().parent
+# The test files that stay at tests/: each tests a root module or the package as a whole.
+ROOT_TESTS = {
+    "test_core_install.py": "the install without extras",
+    "test_declared_options.py": "options.py (declared options)",
+    "test_docs_examples.py": "the README and the manual",
+    "test_errors.py": "errors.py",
+    "test_extras.py": "the whole without an optional extra",
+    "test_faults.py": "the whole under injected faults",
+    "test_layers.py": "the import graph",
+    "test_messages.py": "messages.py",
+    "test_plugin.py": "plugin.py, end to end",
+    "test_redact.py": "redact.py",
+}
+
+
+def _test_folders() -> list[Path]:
+    return sorted(p.parent for p in TESTS.rglob("__init__.py")
+                  if p.parent != TESTS and "__pycache__" not in p.parts)
+
+
+def test_every_test_folder_is_named_for_a_package() -> None:
+    folders = _test_folders()
+    assert folders, "no test folder found"
+    for folder in folders:
+        package = ROOT.joinpath(*folder.relative_to(TESTS).parts)
+        assert (package / "__init__.py").is_file(), (
+            f"tests/{folder.relative_to(TESTS).as_posix()}/ mirrors no package: name it "
+            f"for the {PACKAGE} package it tests")
+
+
+def test_every_folder_of_tests_is_a_package() -> None:
+    # A folder without __init__.py would be imported under its bare name, and a test file
+    # in it could not import the helpers as tests.<module>.
+    for path in TESTS.rglob("test_*.py"):
+        assert (path.parent / "__init__.py").is_file(), f"{path.parent} has no __init__.py"
+
+
+def test_only_tests_of_a_root_module_or_the_whole_sit_at_the_root() -> None:
+    at_root = {path.name for path in TESTS.glob("test_*.py")}
+    assert at_root <= set(ROOT_TESTS), (
+        f"move {sorted(at_root - set(ROOT_TESTS))} into the folder of the package each "
+        "tests (tests/engine/, tests/model/, ...), or add it to ROOT_TESTS with what it tests")
+    assert set(ROOT_TESTS) <= at_root, (
+        f"ROOT_TESTS names missing files: {sorted(set(ROOT_TESTS) - at_root)}")

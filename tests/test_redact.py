@@ -1,10 +1,9 @@
-"""The redaction layer, and the places where text leaves the process: model errors, Retry-After
-waits, query-string endpoints, the token server's errors."""
+"""The redaction layer, and the places where text leaves the process: model errors,
+query-string endpoints, the token server's errors."""
 
 from __future__ import annotations
 
 import base64
-import email.utils
 import functools
 import http.server
 import threading
@@ -14,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.errors import EndpointError, TokenizerError
-from pytest_budgetbench.model import chat as model_module
-from pytest_budgetbench.model.chat import ChatModel, probe_endpoint, retry_after_seconds
+from pytest_budgetbench.model.chat import ChatModel, probe_endpoint
 from pytest_budgetbench.model.endpoint import Endpoint
 from pytest_budgetbench.redact import (
     MASK,
     Secret,
     forget_secrets,
     redact,
+    redact_url,
     register_secret,
     register_url,
     split_query,
@@ -95,21 +94,26 @@ def test_split_query_keeps_the_path_and_the_parameters() -> None:
     assert split_query("https://h/v1") == ("https://h/v1", {})
 
 
-# -- Retry-After ------------------------------------------------------------------------
-@pytest.mark.parametrize(("header", "expected"), [
-    ("5", 5.0), (" 2.5 ", 2.5), ("-3", 0.0), ("inf", float("inf")),
-    ("1e400", float("inf")), ("nan", None), ("soon", None), ("", None), (None, None),
-    ("Mon, 01 Jan 10000 00:00:00 GMT", None),
-])
-def test_retry_after_is_parsed_defensively(header: str | None, expected: float | None) -> None:
-    assert retry_after_seconds(header) == expected
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://user:password@host.example:8080/v1?api_key=sk-1",
+         "http://host.example:8080/v1"),
+        ("https://sk-secret-123@api.example.com/v1", "https://api.example.com/v1"),
+        ("https://api.example.com/v1?key=sk-secret-123&x=1#frag", "https://api.example.com/v1"),
+        ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+        ("http://localhost/v1/", "http://localhost/v1/"),
+    ],
+)
+def test_redact_url_drops_credentials_and_queries(url: str, expected: str) -> None:
+    redacted = redact_url(url)
+    assert redacted == expected
+    assert "password" not in redacted
+    assert "sk-" not in redacted
 
 
-def test_retry_after_as_an_http_date_is_seconds_from_now() -> None:
-    now = 1_000_000.0
-    header = email.utils.formatdate(now + 30, usegmt=True)
-    assert retry_after_seconds(header, now=now) == pytest.approx(30.0)
-    assert retry_after_seconds(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0.0
+def test_redact_url_keeps_ipv6_brackets() -> None:
+    assert redact_url("http://user:pw@[::1]:8080/v1?k=s") == "http://[::1]:8080/v1"
 
 
 @pytest.fixture
@@ -117,45 +121,6 @@ def fake() -> Iterator[FakeOpenAI]:
     server = FakeOpenAI().start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every wait the client asks for, without waiting."""
-    asked: list[float] = []
-    monkeypatch.setattr(model_module.time, "sleep", asked.append)
-    return asked
-
-
-@pytest.mark.parametrize("header", ["3600", "inf", "1e400"])
-def test_a_retry_after_past_the_cap_ends_the_call_instead_of_sleeping(
-    fake: FakeOpenAI, sleeps: list[float], header: str
-) -> None:
-    fake.faults = [f"429:{header}"]
-    chat = ChatModel(fake.base_url, fake.model, api_key=KEY, timeout=5.0, attempts=3)
-    with pytest.raises(EndpointError, match="asked to retry after") as info:
-        chat.complete(QUESTION, max_tokens=4)
-    assert sleeps == [] and "5 s" in str(info.value)
-    _assert_clean(str(info.value))
-
-
-@pytest.mark.parametrize("header", ["-5", "garbage", "nan", "2"])
-def test_odd_retry_after_values_wait_at_most_the_cap_then_answer(
-    fake: FakeOpenAI, sleeps: list[float], header: str
-) -> None:
-    fake.faults = [f"429:{header}"]
-    chat = ChatModel(fake.base_url, fake.model, timeout=5.0, attempts=3, max_backoff_s=3.0)
-    assert chat.complete(QUESTION, max_tokens=4).text == "Rex"
-    assert len(sleeps) == 1 and 0.0 <= sleeps[0] <= 3.0
-
-
-def test_the_exponential_backoff_is_capped_by_the_timeout(
-    fake: FakeOpenAI, sleeps: list[float]
-) -> None:
-    fake.faults = ["500"] * 4
-    chat = ChatModel(fake.base_url, fake.model, timeout=0.5, attempts=5, backoff_s=100.0)
-    assert chat.complete(QUESTION, max_tokens=4).text == "Rex"
-    assert len(sleeps) == 4 and max(sleeps) <= 0.5
 
 
 # -- query strings and echoed credentials ------------------------------------------------
