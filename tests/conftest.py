@@ -26,10 +26,17 @@ pytest_plugins = ["pytester"]
 
 
 @pytest.fixture
-def fake_endpoint() -> Iterator[FakeOpenAI]:
+def fake() -> Iterator[FakeOpenAI]:
+    """A fake OpenAI-compatible server on loopback, one per test."""
     server = FakeOpenAI().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def fake_endpoint(fake: FakeOpenAI) -> FakeOpenAI:
+    """The same server, by the name the plugin's end-to-end tests give it."""
+    return fake
 
 
 @pytest.fixture(scope="session")

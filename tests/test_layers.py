@@ -261,6 +261,7 @@ ROOT_TESTS = {
     "test_errors.py": "errors.py",
     "test_extras.py": "the whole without an optional extra",
     "test_faults.py": "the whole under injected faults",
+    "test_kept_wheel.py": ".ci/kept-wheel, the install's kept llama.cpp wheel",
     "test_layers.py": "the import graph",
     "test_messages.py": "messages.py",
     "test_plugin.py": "plugin.py, end to end",

@@ -116,13 +116,6 @@ def test_redact_url_keeps_ipv6_brackets() -> None:
     assert redact_url("http://user:pw@[::1]:8080/v1?k=s") == "http://[::1]:8080/v1"
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
-
-
 # -- query strings and echoed credentials ------------------------------------------------
 def test_an_endpoint_query_string_goes_with_each_request_not_into_its_path(
     fake: FakeOpenAI,

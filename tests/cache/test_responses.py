@@ -22,13 +22,6 @@ QUESTION = [{"role": "user", "content": "Please remember: my dog is called Rex."
             {"role": "user", "content": "What is my dog called?"}]
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
-
-
 def cached_chat(fake: FakeOpenAI, path: Path, run_id: str = "run-a") -> CachingChatModel:
     chat = ChatModel(fake.base_url, fake.model, attempts=1, backoff_s=0.0)
     return CachingChatModel(chat, ResponseStore(path, run_id=run_id))

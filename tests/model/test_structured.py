@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,6 @@ from tests.fake_openai import FakeOpenAI
 QUESTION: list[Message] = [{"role": "user", "content": "What is my dog called?"}]
 SCHEMA = Schema("answer", {"type": "object", "properties": {"name": {"type": "string"}},
                            "required": ["name"]})
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 def chat_of(fake: FakeOpenAI) -> ChatModel:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,13 +169,6 @@ def test_hf_counter_renders_tools_and_tool_keys(tokenizer_json: Path) -> None:
     assert counter.count_messages(EPISODE, TOOLS) > plain + counter.count_text("get_time")
     assert plain > counter.count_messages([ASK, {"role": "assistant", "content": ""},
                                            {"role": "tool", "content": "18 C"}])
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI().start()
-    yield server
-    server.stop()
 
 
 def test_vllm_tokenize_is_sent_the_tools(fake: FakeOpenAI) -> None:
