@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_budgetbench.cache.database import REJECTED_SCHEMA, SpacedValues
+from pytest_budgetbench.cache.database import REJECTED_SCHEMA
+from pytest_budgetbench.cache.spaced import SpacedValues
 
 _COUNTS_SCHEMA = REJECTED_SCHEMA + """
 CREATE TABLE IF NOT EXISTS counts (

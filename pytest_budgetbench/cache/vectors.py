@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_budgetbench.cache.database import AS_BYTES, REJECTED_SCHEMA, Entry, SpacedValues
+from pytest_budgetbench.cache.database import AS_BYTES, REJECTED_SCHEMA, Entry
+from pytest_budgetbench.cache.spaced import SpacedValues
 
 STORE_FILE = "embeddings.sqlite"
 
