@@ -111,7 +111,7 @@ def graded_sweep(pytester: pytest.Pytester, tmp_path: Path,
     """Run a sweep against a fake endpoint answering with ``responder`` (``fake``, when
     given: the test's, started and stopped by it); every one of its ``cells`` cells must
     pass, be ok, fit its budget and be graded. Returns the rows."""
-    from tests.test_plugin import rows_of, sweep_args
+    from tests.sweeps import rows_of, sweep_args
 
     if fake is not None:
         if responder:

@@ -11,7 +11,7 @@ import pytest
 from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.options import Option, check_keys, check_required, choice, positive_int
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import sweep_args
+from tests.sweeps import sweep_args
 
 CUSTOM_TASK = '''
 from pytest_budgetbench.options import DataFile, Option, positive_int

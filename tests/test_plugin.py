@@ -11,39 +11,7 @@ import pytest
 
 from pytest_budgetbench.model.chat import free_port
 from tests.fake_openai import FakeOpenAI
-
-
-def sweep_args(fake: FakeOpenAI, tmp: Path, *extra: str) -> list[str]:
-    return [
-        "--budgetbench-strategies=full_context,truncation",  # later options override
-        f"--budgetbench-endpoint={fake.base_url}",
-        "--budgetbench-tokenizer=approx",
-        f"--budgetbench-out={tmp / 'out'}",
-        "--budgetbench-report=off",
-        "-p", "no:cacheprovider",
-        *extra,
-    ]
-
-
-def add_greedy_strategy(pytester: pytest.Pytester) -> None:
-    """A user's strategy, importable as greedy:Greedy, that ignores its budget."""
-    pytester.makepyfile(
-        greedy="""
-        from pytest_budgetbench.strategies import Strategy
-
-        class Greedy(Strategy):
-            name = "greedy"
-
-            def apply(self, messages, budget):
-                return list(messages)
-        """
-    )
-    pytester.syspathinsert()
-
-
-def rows_of(tmp: Path) -> list[dict]:
-    (cells,) = (tmp / "out").glob("*/cells.jsonl")
-    return [json.loads(line) for line in cells.read_text().splitlines()]
+from tests.sweeps import add_greedy_strategy, rows_of, sweep_args
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from pytest_budgetbench.tasks import TaskOptions
 from pytest_budgetbench.tasks.agent_lookup import LOOKUP_TOOL, AgentLookupTask
 from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI, agent_responder
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 pytest_plugins = ["pytester"]
 

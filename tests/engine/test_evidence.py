@@ -22,7 +22,7 @@ from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord, SpanK
 from pytest_budgetbench.reports.synthetic import make_row, write_run
 from tests.engine.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 pytest_plugins = ["pytester"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from pytest_budgetbench.records.store import RunStore
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of
+from tests.sweeps import rows_of
 
 pytest_plugins = ["pytester"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 ASKING_STRATEGY = """
 from pytest_budgetbench.options import Option, positive_int

@@ -24,7 +24,7 @@ from pytest_budgetbench.engine.resume import run_definition, started_at
 from pytest_budgetbench.records import definition
 from pytest_budgetbench.settings.config import Settings
 from tests.fake_openai import FakeOpenAI, agent_responder
-from tests.test_plugin import sweep_args
+from tests.sweeps import sweep_args
 
 
 def rows_in(run_dir: Path) -> list[dict]:

@@ -17,7 +17,7 @@ from pytest_budgetbench.tasks.agent_lookup import AgentLookupTask
 from pytest_budgetbench.tasks.base import ReferenceStep, TaskOptions, same_calls_step
 from tests.engine.test_episodes import agent, episodes_of, lookup_args  # noqa: F401 (a fixture)
 from tests.fake_openai import FakeOpenAI, agent_responder
-from tests.test_plugin import rows_of
+from tests.sweeps import rows_of
 
 pytest_plugins = ["pytester"]
 

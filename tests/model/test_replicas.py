@@ -23,7 +23,7 @@ from tests.engine.test_episodes import lookup_args
 from tests.engine.test_sweep_resilience import rows_in, runs_in
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.settings.test_config import load
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 QUESTION = [{"role": "user", "content": "my dog is called Rex. What is my dog called?"}]
 WAIT_S = 10.0

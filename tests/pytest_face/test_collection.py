@@ -13,7 +13,7 @@ import pytest
 
 from pytest_budgetbench.pytest_face.progress import SweepProgress
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import add_greedy_strategy
+from tests.sweeps import add_greedy_strategy
 
 USER_TESTS = """
 def test_add():

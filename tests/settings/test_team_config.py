@@ -18,7 +18,7 @@ from pytest_budgetbench.settings.config import Settings
 from pytest_budgetbench.tokens.server import ServerCounter
 from tests.fake_openai import FakeOpenAI
 from tests.settings.test_config import load
-from tests.test_plugin import sweep_args
+from tests.sweeps import sweep_args
 
 KEY = "sk-teamKEYabcdef123456"
 PASSWORD = "pw-team-0042xyz"

@@ -36,7 +36,7 @@ from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from tests.fake_openai import FakeOpenAI
 from tests.strategy_helpers import graded_sweep, memory_items
-from tests.test_plugin import sweep_args
+from tests.sweeps import sweep_args
 
 pytest.importorskip("llmlingua")
 pytest.importorskip("tokenizers")

@@ -13,7 +13,7 @@ from pytest_budgetbench.messages import Message, split_ends
 from pytest_budgetbench.strategies import REGISTRY, Regime, Strategy, load_strategy
 from pytest_budgetbench.testing import check_strategy
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 PLAIN = '''
 from pytest_budgetbench.messages import split_ends

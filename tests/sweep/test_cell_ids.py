@@ -22,7 +22,7 @@ from pytest_budgetbench.sweep.cells import (
     id_part,
 )
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 PART = re.compile(r"[A-Za-z0-9_.@+]+")
 

@@ -16,7 +16,7 @@ from pytest_budgetbench.errors import ConfigError
 from pytest_budgetbench.settings.config import Settings, load_settings
 from pytest_budgetbench.sweep.shards import Shard, shard_from_environment
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import sweep_args
+from tests.sweeps import sweep_args
 
 ENGINE_VARIABLES = ("JOB_COMPLETION_INDEX", "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN",
                     "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_STEP",

@@ -15,7 +15,7 @@ from pytest_budgetbench.tasks import _fixtures as fx
 from pytest_budgetbench.tasks.import_chats import import_chats, write_example
 from pytest_budgetbench.tasks.jsonl import JsonlTask
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 
 def _load(path: Path) -> list:

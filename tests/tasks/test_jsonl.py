@@ -19,8 +19,8 @@ from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task
 from pytest_budgetbench.tasks import _fixtures as fx
 from pytest_budgetbench.tasks.graders import AnswerGrader, parse_tolerance
 from tests.fake_openai import FakeOpenAI
+from tests.sweeps import rows_of, sweep_args
 from tests.tasks.test_longmemeval import FakeJudge
-from tests.test_plugin import rows_of, sweep_args
 
 CHAT = [{"role": "user", "content": "my dog is called Rex"},
         {"role": "assistant", "content": "Noted."}]

@@ -11,7 +11,7 @@ import pytest
 from pytest_budgetbench.tasks import Item
 from pytest_budgetbench.tasks.graders import AnswerGrader
 from tests.fake_openai import FakeOpenAI
-from tests.test_plugin import rows_of, sweep_args
+from tests.sweeps import rows_of, sweep_args
 
 TASKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "tasks.md"
 

@@ -33,11 +33,11 @@ from pytest_budgetbench.tasks.memory import MemoryTask
 from pytest_budgetbench.tasks.needle import NeedleTask
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from tests.engine.test_model_free import model_free_args, retention_by_cell
+from tests.sweeps import rows_of
 from tests.tasks.test_hotpotqa import REAL as HOTPOTQA
 from tests.tasks.test_locomo import REAL as LOCOMO
 from tests.tasks.test_longmemeval import REAL_DIR as LONGMEMEVAL_DIR
 from tests.tasks.test_needle import REAL as RULER_HAYSTACK
-from tests.test_plugin import rows_of
 
 pytest_plugins = ["pytester"]
 
