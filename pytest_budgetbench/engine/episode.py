@@ -101,6 +101,12 @@ class EpisodeCell(Protocol):
         the prompt's count with the tools (the runner's, as for every cell)."""
         ...
 
+    @property
+    def estimated_tokens(self) -> int | None:
+        """The strategy's own count of the prompt :meth:`prompt` last returned, or None
+        (``StrategyContext.estimated_tokens``)."""
+        ...
+
     def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
         """The model's reply to a prompt that fits the budget."""
         ...
@@ -170,7 +176,8 @@ class EpisodeLoop:
         call = CallRecord(
             call=len(episode.calls) + 1, seen=len(episode.trajectory),
             prompt=prompt_entries(prompt, episode.trajectory), tools=len(tools),
-            counted_tokens=counted, prompt_sha256=prompt_sha256(prompt, tools))
+            counted_tokens=counted, prompt_sha256=prompt_sha256(prompt, tools),
+            estimated_tokens=self.cell.estimated_tokens)
         marks = episode.evidence.at_call(episode.trajectory, prompt)
         if marks is not None:
             call.evidence_total, call.evidence_kept = len(marks), sum(m.kept for m in marks)
@@ -290,6 +297,7 @@ def fill_row(row: CellRow, episode: Episode) -> None:
     sent = [call for call in calls if call.cached is not None]
     if counted:
         row.counted_tokens = max(counted)
+        row.estimated_tokens = calls[counted.index(max(counted))].estimated_tokens
         row.max_call_tokens = max(counted)
         row.p95_call_tokens = percentile(counted, 0.95)
         row.utilisation = round(max(counted) / row.budget, 4)

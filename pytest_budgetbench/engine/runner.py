@@ -224,6 +224,7 @@ class Runner:
         self._record_strategy(row, context)
         sha = prompt_sha256(prompt, item.tools)
         row.counted_tokens, row.prompt_sha256 = counted, sha
+        row.estimated_tokens = context.estimated_tokens
         row.utilisation = round(counted / cell.budget, 4)
         # On the prompt as sent (or, over budget, as it would have been): the strategy's.
         spans = spans_kept(item.evidence, prompt)
@@ -386,6 +387,7 @@ class Runner:
         strategy: Strategy, item: Item, cell: Cell, context: StrategyContext
     ) -> object:
         strategy.reset(context)
+        context.estimated_tokens = None  # the strategy's own count of this prompt, if any
         # A private copy: a strategy that mutates its input must not corrupt later cells.
         return strategy.apply(private_copy(item.messages), cell.budget)
 
@@ -533,8 +535,13 @@ class EpisodeTurns:
         a counter that counts the tools with every prompt."""
         strategy, cell, runner = self.strategy, self.cell, self.runner
         self.context.tools, self.context.tokens = tools, runner.tokens.with_tools(tools)
+        self.context.estimated_tokens = None
         return runner._prompt_of(
             strategy, cell, lambda: strategy.apply(copy.deepcopy(trajectory), cell.budget), tools)
+
+    @property
+    def estimated_tokens(self) -> int | None:
+        return self.context.estimated_tokens
 
     def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
         # No timer per call: an episode is timed as a whole (Runner.run's timer).

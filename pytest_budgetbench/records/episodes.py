@@ -61,6 +61,8 @@ class CallRecord:
     prompt_sha256: str = ""
     """The prompt's sha256 with its tools (empty in a record that kept none)."""
     server_prompt_tokens: int | None = field(default=None, metadata={_PAGE: "st"})
+    estimated_tokens: int | None = field(default=None, metadata={_PAGE: "es"})
+    """The strategy's own count of this prompt (a framework policy's counter), or None."""
     prefix_tokens: int | None = None
     """Leading tokens this prompt shares with the previous call's (what a server's prompt
     cache reuses); None where the counter cannot give token ids."""

@@ -16,7 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The on-disk shape of a cells.jsonl row. Bump it when a field is added, removed, renamed
 or changes meaning, and keep :meth:`CellRow.from_record` reading the older versions."""
 
@@ -152,6 +152,18 @@ class CellRow(Mapping[str, Any]):
     steps_name: int | None = field(default=None, metadata=_about(page="sn"))
     # steps_name / steps: the name-only step accuracy, beside quality's exact one
     name_accuracy: float | None = field(default=None, metadata=_about(measure=True, page="na"))
+    # The strategy's own count of the prompt it built (schema 6, issue 40): a framework
+    # policy's counter (LangChain's count_tokens_approximately, inspect_ai's, ...), which it
+    # trimmed to; counted_tokens - estimated_tokens is that counter's error. Of an episode,
+    # the estimate of the call counted_tokens is for. Null for a strategy that keeps none.
+    estimated_tokens: int | None = field(default=None, metadata=_about(measure=True, page="es"))
+    # What rewriting keeps without an answering model (schema 6, issue 40): of an item whose
+    # gold answer, normalised as its grader normalises, occurs in its evidence, whether the
+    # prompt as sent holds it outside the question; null where it does not occur there.
+    answer_kept: bool | None = field(default=None, metadata=_about(page="ak"))
+    # Whether that answer occurs in the history only inside the evidence (no echo in an
+    # assistant reply, no coincidence of a short answer elsewhere); null with answer_kept.
+    answer_unique: bool | None = field(default=None, metadata=_about(page="au"))
 
     # -- the mapping face (read-only) -------------------------------------------------------
     def __getitem__(self, name: str) -> Any:

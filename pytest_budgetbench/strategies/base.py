@@ -89,6 +89,10 @@ class StrategyContext:
     tools: list[Tool] = field(default_factory=list)
     """The tools sent with the model call this prompt is for (an agentic task's), which
     the counter already includes in its whole-prompt counts; empty for a single-call task."""
+    estimated_tokens: int | None = None
+    """The strategy's own count of the prompt its last ``apply`` returned, where it trims
+    by a counter of its own (a framework's policy): the runner clears it before each
+    ``apply`` and records it on the row as ``estimated_tokens``, beside its exact count."""
     aux_failures: int = 0
     """Auxiliary replies the strategy could not use (not JSON, wrong keys), counted by the
     strategy as it goes on without them; the row records it as ``aux_failures``."""
@@ -113,6 +117,11 @@ class Strategy(ABC):
     reference: ClassVar[bool] = False
     """A reference strategy (like full_context) is exempt from the budget: its cells over
     budget are xfailed, and its violations are still recorded."""
+    fits_budget: ClassVar[bool] = True
+    """Whether it means to fit the budget by the run's counter. False for a policy that
+    trims by a counter of its own (a framework's, as shipped), whose overflow is what a
+    sweep measures: the conformance kit does not hold it to fitting, and its violations
+    are recorded like any other's."""
     declared_options: ClassVar[tuple[Option, ...]] = ()
     """What the strategy reads from ``context.options``, given as
     ``--budgetbench-strategy-options=KEY=VALUE`` (or an option's own flag); a key no

@@ -202,7 +202,9 @@ def test_the_fields_change_only_with_the_schema_version() -> None:
     # Schema 5 (issue 33): how an episode ran, and a teacher-forced one's step scores.
     schema_5_fields = schema_4_fields | {"episode_mode", "steps", "steps_exact", "steps_name",
                                          "name_accuracy"}
-    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (5, schema_5_fields)
+    # Schema 6 (issue 40): a strategy's own count of its prompt, and the answer kept.
+    schema_6_fields = schema_5_fields | {"estimated_tokens", "answer_kept", "answer_unique"}
+    assert (SCHEMA_VERSION, set(ROW_FIELDS)) == (6, schema_6_fields)
 
 
 def test_a_misspelled_field_is_an_error_where_the_row_is_built() -> None:
