@@ -79,7 +79,8 @@ def test_a_strategys_estimate_reaches_its_row_and_an_episode_keeps_its_largest_c
     try:
         result = pytester.runpytest(*sweep_args(
             fake, tmp_path, "--budgets=100000", "--budgetbench-strategies=counting:Counting",
-            "--budgetbench-tasks=memory,agent_lookup", "--budgetbench-items=2", "--budgetbench-audit=full"))
+            "--budgetbench-tasks=memory,agent_lookup", "--budgetbench-items=2",
+            "--budgetbench-audit=full"))
     finally:
         fake.stop()
     result.assert_outcomes(passed=4)
