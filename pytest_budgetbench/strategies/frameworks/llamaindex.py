@@ -35,8 +35,9 @@ Budget. ``token_limit`` = the cell's budget less what stands in front of the mem
 the variant's counter (at least 1): as shipped, LlamaIndex's tokenizer over the system
 messages' text joined by spaces, as its ``SimpleChatEngine`` counts its prefix messages
 for ``initial_token_count``; ``_exact``, the run's count of the system messages with the
-cell's tools and the chat template. LlamaIndex counts nothing else of the prompt: not the
-tools, not the chat template's tokens per message, not a tool call's arguments
+cell's tools and the chat template's fixed tokens (without system messages, the tools and
+those tokens: the counter's ``overhead``). LlamaIndex counts nothing else of the prompt:
+not the tools, not the chat template's tokens per message, not a tool call's arguments
 (``ChatMemoryBuffer`` and the summary buffer count ``str(content)``, "None" for a bare tool
 call; ``Memory`` counts ``str(additional_kwargs)``, which holds the calls), not the
 scratchpad, not the summary. So neither variant holds the whole prompt to the budget
@@ -139,7 +140,9 @@ class LlamaIndexPolicy(FrameworkPolicy):
         head, remembered, scratchpad = split_turn(messages)
         if self.exact:
             tokenizer = li.length_tokenizer(self.context.tokens.count_text)
-            front = self.exact_count(head)
+            # With no system message, the template's fixed tokens and the tools alone (a
+            # template may not render an empty prompt).
+            front = self.exact_count(head) if head else self.context.tokens.overhead()
             counter = f"{self.context.tokens.name} (the run's, on LlamaIndex's text)"
         else:
             tokenizer = li.shipped_tokenizer()

@@ -243,6 +243,23 @@ def test_token_limit_is_the_budget_less_the_system_messages(gguf: GGUFCounter) -
         assert prompt[1]["role"] == "user" and len(prompt) < len(messages)
 
 
+def test_without_system_messages_the_front_is_the_tools_and_the_template() -> None:
+    """Qwen2.5's template (the default model's) cannot render an empty prompt: the front of
+    an episode without a system message is the counter's overhead (the tools, the
+    template's fixed tokens)."""
+    pytest.importorskip("llama_cpp")
+    from pytest_budgetbench.embedded_server.models import embedded_gguf_path
+    from tests.tokens.chat_templates import QWEN25
+
+    qwen = GGUFCounter(embedded_gguf_path("smollm2"), chat_template=QWEN25)
+    tokens = qwen.with_tools(TOOLS)
+    context = StrategyContext(tokens=tokens, tools=TOOLS)
+    strategy = LlamaIndexMemoryExact()
+    strategy.reset(context)
+    strategy.apply(episode()[1:], 1024)
+    assert context.info["framework"]["token_limit"] == 1024 - tokens.overhead()
+
+
 def test_memory_takes_its_options() -> None:
     messages = chat(40)
 
