@@ -144,6 +144,21 @@ def tokenizer_name(tokenizer: Tokenizer) -> str:
     return f"tiktoken {name}" if name else getattr(tokenizer, "__qualname__", repr(tokenizer))
 
 
+def remembering(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer`` remembering what it returned for each text, for one ``apply``:
+    ``Memory`` re-tokenizes its whole queue after every flush, the buffers every suffix
+    they try. The counts are the same; only the repeated work goes."""
+    seen: dict[str, list[Any]] = {}
+
+    def tokenize(text: str) -> list[Any]:
+        found = seen.get(text)
+        if found is None:
+            found = seen[text] = tokenizer(text)
+        return found
+
+    return tokenize
+
+
 def length_tokenizer(count: Callable[[str], int]) -> Tokenizer:
     """A ``tokenizer_fn`` whose list has ``count(text)`` items: LlamaIndex reads only the
     length of what its tokenizer returns."""

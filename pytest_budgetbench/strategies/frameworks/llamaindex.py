@@ -149,6 +149,7 @@ class LlamaIndexPolicy(FrameworkPolicy):
             front = len(tokenizer(" ".join(text_of(m) for m in head)))
             counter = li.tokenizer_name(tokenizer)
         token_limit = max(1, budget - front)
+        tokenizer = li.remembering(tokenizer)
         returned, count = self.remember(li, [li.to_llama(m) for m in remembered],
                                         token_limit, tokenizer, budget)
         self.record_estimate(
