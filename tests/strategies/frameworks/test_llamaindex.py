@@ -5,6 +5,7 @@ the runner's auxiliary model, and what a sweep makes of a LlamaIndex failure."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -352,6 +353,25 @@ def test_importing_the_strategies_imports_no_llama_index() -> None:
     code = ("import sys, pytest_budgetbench.strategies.frameworks.llamaindex\n"
             "assert not [m for m in sys.modules if m.startswith('llama_index')]")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_importing_llamaindex_and_its_tokenizer_reaches_no_network(tmp_path: Path) -> None:
+    """In a fresh process, with every connection refused from the start: importing the
+    bridge (llama_index.core, its memories) and loading its tokenizer connects nowhere and
+    downloads nothing (no tiktoken encoding, no nltk data)."""
+    code = (
+        "import socket, sys\n"
+        "def refuse(*args, **kwargs):\n"
+        "    print('NETWORK', args[1:] or kwargs, file=sys.stderr); raise OSError('no net')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.getaddrinfo = refuse\n"
+        "from pytest_budgetbench.strategies.frameworks import _llamaindex_bridge as b\n"
+        "assert b.shipped_tokenizer()('hello world') == [15339, 1917]\n"
+        "assert not [m for m in sys.modules if m.startswith('nltk')]\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0 and "NETWORK" not in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_dotted_requirement_whose_parent_is_missing_is_missing() -> None:
