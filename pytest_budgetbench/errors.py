@@ -190,12 +190,17 @@ class Requirement(NamedTuple):
 
 
 def first_missing(requirements: Iterable[Requirement]) -> Requirement | None:
-    """The first requirement that is not installed, or None. Imports nothing (a top-level
-    name's spec is found on the path), so it costs milliseconds."""
+    """The first requirement that is not installed, or None. Imports nothing but the
+    parents of a dotted name (``llama_index`` of ``llama_index.core``; a top-level name's
+    spec is found on the path), so it costs milliseconds."""
     import importlib.util
 
     for requirement in requirements:
-        if importlib.util.find_spec(requirement.module) is None:
+        try:
+            found = importlib.util.find_spec(requirement.module)
+        except ModuleNotFoundError:  # a dotted name whose parent is not installed
+            found = None
+        if found is None:
             return requirement
     return None
 

@@ -58,6 +58,17 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
+        "llamaindex_memory": "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexMemory",
+        "llamaindex_memory_exact":
+            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexMemoryExact",
+        "llamaindex_chat_memory_buffer":
+            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatMemoryBuffer",
+        "llamaindex_chat_memory_buffer_exact":
+            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatMemoryBufferExact",
+        "llamaindex_chat_summary_memory":
+            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatSummaryMemory",
+        "llamaindex_chat_summary_memory_exact":
+            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatSummaryMemoryExact",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
