@@ -30,6 +30,8 @@ __all__ = [
     "tool_strategies",
 ]
 
+_INSPECT = "pytest_budgetbench.strategies.frameworks.inspect_ai"
+
 # Built-ins resolve without entry-point metadata, so a source checkout works too.
 REGISTRY: Registry[Strategy] = Registry(
     kind="strategy",
@@ -58,6 +60,12 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
+        "inspect_compaction_trim": f"{_INSPECT}:InspectCompactionTrim",
+        "inspect_compaction_trim_exact": f"{_INSPECT}:InspectCompactionTrimExact",
+        "inspect_compaction_edit": f"{_INSPECT}:InspectCompactionEdit",
+        "inspect_compaction_edit_exact": f"{_INSPECT}:InspectCompactionEditExact",
+        "inspect_compaction_summary": f"{_INSPECT}:InspectCompactionSummary",
+        "inspect_compaction_summary_exact": f"{_INSPECT}:InspectCompactionSummaryExact",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
