@@ -46,12 +46,12 @@ from inspect_ai.model import (
     ModelAPI,
     ModelInfo,
     ModelOutput,
-    messages_from_openai,
-    messages_to_openai,
     set_model_info,
 )
 from inspect_ai.model._compaction import Compact, CompactionResult, CompactionStrategy, compaction
 from inspect_ai.model._model_info import get_model_info
+from inspect_ai.model._openai import messages_from_openai, messages_to_openai
+from inspect_ai.model._providers.providers import validate_openai_client
 from inspect_ai.model._trim import partition_messages
 from inspect_ai.tool import ToolChoice, ToolInfo
 
@@ -62,6 +62,10 @@ if TYPE_CHECKING:
     from pytest_budgetbench.strategies.frameworks.inspect_ai import InspectCompaction
 
 T = TypeVar("T")
+
+# What inspect's public messages_from_openai checks on every call (the openai package's
+# version, read from its metadata: 10 ms a message), checked once here.
+validate_openai_client("messages_from_openai()")
 
 PROVIDER = "budgetbench"
 
@@ -247,6 +251,12 @@ class BridgeModel(Model):
             sys.excepthook = hook
         self.bridge = api
 
+    async def count_tokens(self, input: str | list[ChatMessage],
+                           config: GenerateConfig | None = None) -> int:
+        """The API's count, without the retries and connection pool ``Model`` wraps around a
+        count that may go to a provider's endpoint: this one is local."""
+        return await self.api.count_tokens(input, config)
+
     async def count_tool_tokens(self, tools: Sequence[ToolInfo]) -> int:
         if self.bridge.policy.exact:
             return self.bridge.policy.exact_count([])
@@ -284,7 +294,7 @@ class Conversation:
         self.model = bridge_model(policy, self.converter, budget, policy.reply_tokens())
         self.seen: list[Message] = []
         self.chats: list[ChatMessage] = []
-        self.fed = self.calls = 0
+        self.fed = self.calls = self.insufficient_calls = 0
         self.handler: Compact | None = None
         self.compactions = 0
         self.insufficient: str | None = None
@@ -341,6 +351,7 @@ class Conversation:
             # inspect's own verdict: its strategy could not get under the threshold. Send
             # what its last pass produced; the runner counts it (and records the overflow).
             self.insufficient = str(exc)
+            self.insufficient_calls += 1
             return list(self.last_outcome.input)
         return compacted
 
@@ -349,5 +360,6 @@ class Conversation:
         return {"threshold": self.strategy.threshold, "window": self.budget,
                 "calls": self.calls,
                 "compactions": self.compactions, "summaries": self.model.bridge.generated,
-                "insufficient": self.insufficient}
+                "insufficient": self.insufficient,
+                "insufficient_calls": self.insufficient_calls}
 

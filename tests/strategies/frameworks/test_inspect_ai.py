@@ -96,7 +96,7 @@ class Short:
 # -- the registry ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_each_name_runs_inspects_own_policy_in_its_variant(name: str) -> None:
-    cls = REGISTRY.resolve(name)
+    cls: Any = REGISTRY.resolve(name)
     policy, exact = NAMES[name]
     assert cls.name == name and cls.policy == policy and cls.exact is exact
     assert cls.framework == "inspect_ai" and cls.handles_tools and not cls.fits_budget
@@ -104,18 +104,34 @@ def test_each_name_runs_inspects_own_policy_in_its_variant(name: str) -> None:
     assert (Regime.AUXILIARY_MODEL in cls.regimes) is (policy == "CompactionSummary")
     from inspect_ai import model as inspect_model
 
-    strategy = cls()
+    strategy: Any = cls()
     strategy.reset(StrategyContext(tokens=ApproxCounter()))
     assert type(strategy.compaction_strategy()) is getattr(inspect_model, policy)
 
 
 def test_the_registry_resolves_them_without_importing_inspect() -> None:
     code = ("import sys; from pytest_budgetbench.strategies import REGISTRY; "
-            "[REGISTRY.resolve(n) for n in %r]; print('inspect_ai' in sys.modules)"
-            % sorted(NAMES))
+            f"[REGISTRY.resolve(n) for n in {sorted(NAMES)!r}]; "
+            "print('inspect_ai' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from pytest_budgetbench.errors import MissingDependency, check_installed
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "quicktok" else found(name, *a))
+    with pytest.raises(MissingDependency) as raised:
+        check_installed(module.InspectCompactionTrim.requires, "the inspect_compaction_trim "
+                        "strategy")
+    assert str(raised.value) == ("the inspect_compaction_trim strategy needs the 'quicktok-v1' "
+                                 "package: pip install 'pytest-budgetbench[inspect-ai]'")
+    check_installed(module.InspectCompactionTrimExact.requires, "the exact variant")
 
 
 def test_options_take_inspects_values_and_refuse_others() -> None:
@@ -179,8 +195,9 @@ def test_inspects_whole_list_converter_would_fold_a_reply_into_the_call() -> Non
     that follows a tool result into the message that made the call."""
     from inspect_ai.model import messages_from_openai
 
-    messages = tool_episode(1) + [{"role": "assistant", "content": "It is city 0."}]
-    assert len(asyncio.run(messages_from_openai(copy.deepcopy(messages)))) == 4
+    messages = [*tool_episode(1), {"role": "assistant", "content": "It is city 0."}]
+    given: Any = copy.deepcopy(messages)
+    assert len(asyncio.run(messages_from_openai(given))) == 4
     assert len(asyncio.run(bridge.Converter().to_inspect(messages))) == 5
 
 
@@ -216,7 +233,7 @@ def test_summary_keeps_the_kits_properties_but_the_last_turn(
     budget = tokens.count_messages(episode[:2]) + slack
     pristine = copy.deepcopy(episode)
     outputs = []
-    for attempt in range(2):
+    for _attempt in range(2):
         strategy = load_strategy(name)
         strategy.reset(summary_context(tokens, budget))
         prompts = [strategy.apply(episode[:end], budget) for end in call_points(episode)]
@@ -274,6 +291,7 @@ def test_the_exact_trim_gets_under_the_threshold_where_the_shipped_one_misjudges
     exact_prompt, exact = run(load_strategy("inspect_compaction_trim_exact"), item.messages,
                               budget, tokens)
     assert exact.info["framework"]["insufficient"] is None
+    assert exact.estimated_tokens is not None
     assert tokens.count_messages(exact_prompt) == exact.estimated_tokens <= int(0.9 * budget)
     shipped_prompt, shipped = run(load_strategy("inspect_compaction_trim"), item.messages,
                                   budget, tokens)
@@ -317,7 +335,7 @@ def test_edit_clears_older_tool_results_and_keeps_the_pairs() -> None:
     cleared = [m for m in prompt if m["role"] == "tool" and m not in messages]
     assert cleared and {m["content"] for m in cleared} == {"(Tool result removed)"}
     assert [m["tool_call_id"] for m in cleared] == [f"call_{i}" for i in range(len(cleared))]
-    assert ctx.info["framework"]["insufficient"] is None
+    assert ctx.info["framework"]["insufficient"] is None and ctx.estimated_tokens is not None
     assert tokens.count_messages(prompt) == ctx.estimated_tokens <= int(0.9 * budget)
 
 
