@@ -205,9 +205,8 @@ def tool_infos(tools: Sequence[Tool]) -> list[ToolInfo]:
 # -- the model ---------------------------------------------------------------------------
 class BridgeAPI(ModelAPI):
     """A ModelAPI whose ``generate`` is the runner's auxiliary model; the ``_exact``
-    variant's also counts with the run's counter (a list's tokens are what it adds to a
-    prompt: its whole count less that of an empty prompt, which :class:`BridgeModel` gives
-    as the tools' tokens)."""
+    variant's also counts with the run's counter: a list of messages as a whole prompt, with
+    the cell's tools (so :class:`BridgeModel` gives the tools no tokens of their own)."""
 
     def __init__(self, policy: InspectCompaction, converter: Converter, budget: int) -> None:
         super().__init__(model_name=f"window-{budget}")
@@ -235,13 +234,14 @@ class BridgeAPI(ModelAPI):
             return await super().count_tokens(input, config)
         if isinstance(input, str):
             return self.policy.context.tokens.count_text(input)
-        prompt = await self.converter.to_openai(input)
-        return self.policy.exact_count(prompt) - self.policy.exact_count([])
+        if not input:
+            return 0  # some chat templates cannot render an empty prompt
+        return self.policy.exact_count(await self.converter.to_openai(input))
 
 
 class BridgeModel(Model):
-    """inspect's Model over :class:`BridgeAPI`; the ``_exact`` variant counts the tools as
-    the run's counter does (an empty prompt with the cell's tools)."""
+    """inspect's Model over :class:`BridgeAPI`. inspect adds its count of the tools to its
+    count of the messages; the ``_exact`` variant's message counts already hold the tools."""
 
     def __init__(self, api: BridgeAPI, config: GenerateConfig) -> None:
         hook = sys.excepthook  # Model() installs inspect's exception hook for the process
@@ -259,7 +259,7 @@ class BridgeModel(Model):
 
     async def count_tool_tokens(self, tools: Sequence[ToolInfo]) -> int:
         if self.bridge.policy.exact:
-            return self.bridge.policy.exact_count([])
+            return 0
         return await super().count_tool_tokens(tools)
 
 

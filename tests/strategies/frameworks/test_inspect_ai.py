@@ -300,6 +300,23 @@ def test_the_exact_trim_gets_under_the_threshold_where_the_shipped_one_misjudges
     assert shipped.info["framework"]["compactions"] > 0
 
 
+class NoEmptyPrompt(ApproxCounter):
+    """As a chat template that reads ``messages[0]`` (Qwen's): an empty prompt fails."""
+
+    def count_messages(self, messages: Sequence[Message], tools: Any = None) -> int:
+        if not messages:
+            raise ValueError("list object has no element 0")
+        return super().count_messages(messages, tools)
+
+
+def test_the_exact_variant_never_counts_an_empty_prompt() -> None:
+    tokens = NoEmptyPrompt()
+    messages = chat(20)
+    for name in ("inspect_compaction_trim_exact", "inspect_compaction_edit_exact"):
+        prompt, ctx = run(load_strategy(name), messages, 600, tokens)
+        assert ctx.estimated_tokens == tokens.count_messages(prompt)
+
+
 def test_the_exact_variant_counts_the_tools_inspect_is_given() -> None:
     tokens = tool_counter(TOOLS)
     messages = tool_episode(2)
