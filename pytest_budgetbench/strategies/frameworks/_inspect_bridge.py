@@ -33,7 +33,7 @@ import sys
 import tempfile
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from inspect_ai._util.registry import RegistryInfo, registry_tag
 from inspect_ai.agent._bridge.completions import tools_from_openai_tools
@@ -56,10 +56,8 @@ from inspect_ai.model._trim import partition_messages
 from inspect_ai.tool import ToolChoice, ToolInfo
 
 from pytest_budgetbench.errors import StrategyError
-from pytest_budgetbench.messages import Message, Tool
-
-if TYPE_CHECKING:
-    from pytest_budgetbench.strategies.frameworks.inspect_ai import InspectCompaction
+from pytest_budgetbench.messages import Message, Tool, exchanges, split_ends
+from pytest_budgetbench.strategies.base import StrategyContext
 
 T = TypeVar("T")
 
@@ -68,6 +66,19 @@ T = TypeVar("T")
 validate_openai_client("messages_from_openai()")
 
 PROVIDER = "budgetbench"
+
+class InspectCompaction(Protocol):
+    """What the bridge reads of the strategy (:mod:`.inspect_ai`, which imports this module
+    only when it runs)."""
+
+    name: str
+    exact: bool
+    context: StrategyContext
+
+    def exact_count(self, messages: Sequence[Message]) -> int: ...
+
+    def reply_tokens(self) -> int | None: ...
+
 
 # -- tiktoken's o200k_base, offline ------------------------------------------------------
 O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
@@ -294,7 +305,7 @@ class Conversation:
         self.model = bridge_model(policy, self.converter, budget, policy.reply_tokens())
         self.seen: list[Message] = []
         self.chats: list[ChatMessage] = []
-        self.fed = self.calls = self.insufficient_calls = 0
+        self.fed = self.calls = self.insufficient_calls = self.reattached = 0
         self.handler: Compact | None = None
         self.compactions = 0
         self.insufficient: str | None = None
@@ -331,10 +342,30 @@ class Conversation:
         result: list[ChatMessage] = []
         for end in points:
             result = await self._call(end)
+        result = self._with_last_unit(messages, result)
         prompt = await self.converter.to_openai(result)
         tools = tool_infos(self.policy.context.tools)
         estimate = await self.model.count_tool_tokens(tools) + await self.model.count_tokens(result)
         return prompt, estimate
+
+    def _with_last_unit(self, messages: Sequence[Message], result: list[ChatMessage]
+                        ) -> list[ChatMessage]:
+        """``result``, ending with the turn the model answers now (the last user turn, or
+        the last call with its results), as every strategy here sends it. Trim and edit
+        always end with it; a summary made at this call takes it in (or, when it is
+        inspect's input, comes after it): it then follows the summary, on top of
+        inspect's count."""
+        head, _history, _query = split_ends(messages)
+        units = exchanges(messages[len(head):])
+        self.reattached = 0
+        if not units:
+            return result
+        unit = self.chats[len(messages) - len(units[-1]):]
+        ids = [chat.id for chat in unit]
+        if [chat.id for chat in result[len(result) - len(unit):]] == ids:
+            return result
+        self.reattached = len(unit)
+        return [*(chat for chat in result if chat.id not in ids), *unit]
 
     async def _call(self, end: int) -> list[ChatMessage]:
         if self.handler is None:
@@ -361,5 +392,6 @@ class Conversation:
                 "calls": self.calls,
                 "compactions": self.compactions, "summaries": self.model.bridge.generated,
                 "insufficient": self.insufficient,
-                "insufficient_calls": self.insufficient_calls}
+                "insufficient_calls": self.insufficient_calls,
+                "reattached": self.reattached}
 

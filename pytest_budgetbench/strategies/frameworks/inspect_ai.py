@@ -30,12 +30,18 @@ is an absolute token count, as in inspect. The other parameters, at inspect's de
 - summary: ``inspect_instructions`` (none), ``inspect_prompt`` (inspect's own prompt, which
   needs an ``{addendums}`` field), and ``inspect_max_tokens``: the reply cap of the summary
   call. inspect sets none (the provider's default applies); the auxiliary model needs one,
-  1024 by default. The summary replaces the whole conversation (its last turn included) with
-  one user message after the system messages and the input, as inspect does; its call, the
-  conversation plus inspect's ~1,300-token prompt, goes to the runner's auxiliary model
-  (purpose ``inspect/summary``), held to the budget like every auxiliary call, so at a
-  threshold of 0.9 it fits only budgets of roughly 13,000 tokens or more: lower
-  ``inspect_threshold`` to leave it room.
+  1024 by default. The summary replaces the whole conversation with one user message after
+  the system messages and the input, as inspect does. Its call, the conversation plus
+  inspect's ~1,260-token prompt, goes to the runner's auxiliary model (purpose
+  ``inspect/summary``), held to the budget like every auxiliary call, so at a threshold of
+  0.9 it fits only budgets of roughly 13,000 tokens or more: lower ``inspect_threshold`` to
+  leave it room.
+
+The one change to what inspect sends: the prompt always ends with the turn the model answers
+now (the last user turn, or the last call with its results), as every strategy's does. Trim
+and edit always keep it there; a summary made at the last call takes it in (inspect's agent
+then continues from the summary alone), and here it follows the summary verbatim, its tokens
+on top of inspect's count (``strategy_info.framework.reattached``: how many messages).
 
 Counting. As shipped, inspect counts an OpenAI-compatible (open) model's prompts with its
 ``ModelAPI`` default: tiktoken's ``o200k_base`` on the messages' text joined by newlines,
@@ -43,14 +49,19 @@ plus 10 %, and the tools as their JSON; it has no other fallback (with no networ
 cached encoding it raises). The encoding ships, byte-identical (tiktoken's pinned sha256
 checks it), in ``quicktok-v1``, which the ``inspect-ai`` extra installs; tiktoken itself
 loads it. The ``_exact`` variants hand inspect the run's counter instead (a model whose
-``count_tokens`` is the run's). inspect also recalibrates its count with the input tokens the
-provider reports after each generate; a strategy never sees those, so every count here is
-inspect's own, as before an agent's first generate. ``strategy_info.framework`` records the
-threshold, the calls, compactions and summaries, and ``insufficient``: inspect's message when
-its strategy could not get under the threshold (it raises; the prompt is then its last pass,
-and the runner records what it costs). That is why no variant is held to fitting by the
-conformance kit (``fits_budget`` False): ``CompactionEdit`` never drops a message, trim and
-summary always keep the input, and inspect stops after four passes.
+``count_tokens`` is the run's: a list of messages counted as a whole prompt with the cell's
+tools). inspect also recalibrates its count with the input tokens the provider reports
+after each generate; a strategy never sees those, so every count here is inspect's own, as
+before an agent's first generate.
+
+``strategy_info.framework`` records the threshold, the calls, compactions and summaries, and
+``insufficient``: inspect's message when its strategy could not get under the threshold at
+the last call (inspect raises there; the prompt is then its last pass, and the runner
+records what it costs), with ``insufficient_calls`` counting such calls in the
+conversation. That is why no variant is held to fitting by the conformance kit
+(``fits_budget`` False): ``CompactionEdit`` never drops a message, trim and summary always
+keep the input, trim drops no message of a conversation shorter than five, and inspect
+stops after four passes.
 
 What cannot cross: any content part other than text (refused, never dropped). Messages inspect
 keeps are sent as given; those it rewrites come back through inspect's converter.
