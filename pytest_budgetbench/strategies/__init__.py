@@ -30,6 +30,8 @@ __all__ = [
     "tool_strategies",
 ]
 
+_FRAMEWORKS = "pytest_budgetbench.strategies.frameworks"
+
 # Built-ins resolve without entry-point metadata, so a source checkout works too.
 REGISTRY: Registry[Strategy] = Registry(
     kind="strategy",
@@ -58,17 +60,22 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
-        "llamaindex_memory": "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexMemory",
-        "llamaindex_memory_exact":
-            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexMemoryExact",
-        "llamaindex_chat_memory_buffer":
-            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatMemoryBuffer",
+        # The frameworks' own memory policies, each as shipped and _exact (frameworks/).
+        "inspect_compaction_trim": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionTrim",
+        "inspect_compaction_trim_exact": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionTrimExact",
+        "inspect_compaction_edit": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionEdit",
+        "inspect_compaction_edit_exact": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionEditExact",
+        "inspect_compaction_summary": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionSummary",
+        "inspect_compaction_summary_exact":
+            f"{_FRAMEWORKS}.inspect_ai:InspectCompactionSummaryExact",
+        "llamaindex_memory": f"{_FRAMEWORKS}.llamaindex:LlamaIndexMemory",
+        "llamaindex_memory_exact": f"{_FRAMEWORKS}.llamaindex:LlamaIndexMemoryExact",
+        "llamaindex_chat_memory_buffer": f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatMemoryBuffer",
         "llamaindex_chat_memory_buffer_exact":
-            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatMemoryBufferExact",
-        "llamaindex_chat_summary_memory":
-            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatSummaryMemory",
+            f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatMemoryBufferExact",
+        "llamaindex_chat_summary_memory": f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatSummaryMemory",
         "llamaindex_chat_summary_memory_exact":
-            "pytest_budgetbench.strategies.frameworks.llamaindex:LlamaIndexChatSummaryMemoryExact",
+            f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatSummaryMemoryExact",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
