@@ -58,6 +58,11 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
+        "openhands_llm_summarizing":
+            "pytest_budgetbench.strategies.frameworks.openhands:OpenHandsLLMSummarizing",
+        "openhands_llm_summarizing_exact":
+            "pytest_budgetbench.strategies.frameworks.openhands:OpenHandsLLMSummarizingExact",
+        "openhands_no_op": "pytest_budgetbench.strategies.frameworks.openhands:OpenHandsNoOp",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
