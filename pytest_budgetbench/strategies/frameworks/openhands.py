@@ -19,7 +19,10 @@ summarises what it forgot into one user message in their place; past ``max_size`
 the agent LLM's ``get_token_count``: as shipped, litellm's ``token_counter`` for the
 agent's model, which for a model litellm does not know (every model served here) is
 tiktoken's ``cl100k_base`` over the messages, tools not seen (this bridge registers
-none); ``_exact`` hands it the run's counter through the agent LLM (tools included).
+none); ``_exact`` hands it the run's counter through the agent LLM (tools included), which
+counts the messages OpenHands builds: its ``events_to_messages`` joins consecutive user
+turns (a summary and the user turn beside it) that this bridge sends apart, so its count
+can fall a few tokens short of the run's count of the prompt sent.
 
 - The policy is replayed as an agent lives it: the condenser runs at every point of the
   history where the model would be called (after a user turn, or after a step's tool
@@ -49,7 +52,8 @@ none); ``_exact`` hands it the run's counter through the agent LLM (tools includ
   this reason the ``_exact`` variant is not held to fitting by the conformance kit: below
   about 700 tokens no summary call of OpenHands' fits, and it falls back.
 - An auxiliary call over budget (a model whose budget is not the cell's) raises
-  BudgetExceeded through the condenser, which would otherwise take it for a failed call.
+  BudgetExceeded, once the condenser returns: it would take it for a failed call and
+  retry (no call is made after it).
 
 Options (OpenHands' parameters under their own names, at its defaults):
 ``openhands_max_size`` (240), ``openhands_keep_first`` (2), ``openhands_minimum_progress``
@@ -66,7 +70,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from pytest_budgetbench.errors import BudgetExceeded, Requirement, StrategyError
 from pytest_budgetbench.messages import Message, exchanges, split_ends
@@ -123,15 +127,6 @@ OPTIONS = (
 )
 
 
-class _AuxOverBudget(BaseException):
-    """Carries an auxiliary call's BudgetExceeded past the condenser's ``except Exception``
-    (which would retry it as a failed call, and the runner would never see it)."""
-
-    def __init__(self, error: BudgetExceeded) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 @functools.cache
 def _llm_class() -> type:
     """A thin ``openhands.sdk.llm.LLM``: completions from the runner's auxiliary model and,
@@ -139,7 +134,7 @@ def _llm_class() -> type:
     from openhands.sdk.llm import LLM
     from pydantic import PrivateAttr
 
-    class BudgetbenchLLM(LLM):  # type: ignore[misc]
+    class BudgetbenchLLM(LLM):
         _bridge: Any = PrivateAttr(default=None)
 
         def uses_responses_api(self) -> bool:
@@ -167,6 +162,10 @@ class _Bridge:
     budget: int
     exact: bool
     calls: int = 0
+    over_budget: BudgetExceeded | None = None
+    """An auxiliary call over budget: the condenser takes any exception of its LLM for a
+    failed call and retries, so the strategy raises it once the condenser returns, and
+    no call is made after it."""
 
     def exact_count(self, messages: Sequence[Message]) -> int:
         return self.policy.exact_count(messages)
@@ -178,6 +177,8 @@ class _Bridge:
         from openhands.sdk.llm.exceptions import LLMContextWindowExceedError
 
         context = self.policy.context
+        if self.over_budget is not None:
+            raise LLMContextWindowExceedError(str(self.over_budget))
         prompt = [chat_dict(message) for message in messages]
         counted = context.tokens.count_messages(prompt, [])  # the aux is sent no tools
         if counted > self.budget:
@@ -190,7 +191,8 @@ class _Bridge:
             reply = context.aux.complete(prompt, max_tokens=max(1, limit),
                                          purpose=SUMMARY_PURPOSE)
         except BudgetExceeded as exc:
-            raise _AuxOverBudget(exc) from exc
+            self.over_budget = exc
+            raise LLMContextWindowExceedError(str(exc)) from exc
         self.calls += 1
         return LLMResponse(
             message=SdkMessage(role="assistant", content=[TextContent(text=reply)]),
@@ -295,30 +297,30 @@ class OpenHandsLLMSummarizing(OpenHandsPolicy):
         if (episode is None or episode.budget != budget
                 or messages[:len(episode.seen)] != episode.seen):
             episode = self._episode = _Episode(budget)
-        agent, condenser = self._agent_llm(budget), self._condenser(budget)
-        try:
-            for point in call_points(messages):
-                if point < len(messages) and (point <= len(episode.seen) or episode.gave_up):
-                    continue  # replayed at an earlier call, or given up on: see _condense
-                held = point - _answered(messages[:point])
-                view = self._condense(condenser, agent, episode, events[:ends[held]],
-                                      events[ends[held]:ends[point]])
-        except _AuxOverBudget as escape:
-            self._episode = None
-            raise escape.error from None
+        summariser = _Bridge(self, budget, self.exact)
+        agent, condenser = self._agent_llm(budget), self._condenser(summariser)
+        for point in call_points(messages):
+            if point < len(messages) and (point <= len(episode.seen) or episode.gave_up):
+                continue  # replayed at an earlier call, or given up on: see _condense
+            held = point - _answered(messages[:point])
+            view = self._condense(condenser, agent, episode, events[:ends[held]],
+                                  events[ends[held]:ends[point]])
+            if summariser.over_budget is not None:
+                self._episode = None
+                raise summariser.over_budget
         episode.seen = messages
-        notes = {"condensations": len(episode.condensations)}
+        notes: dict[str, Any] = {"condensations": len(episode.condensations)}
         if episode.gave_up:
             notes["gave_up"] = episode.gave_up
         return self._finish([*view.events, *events[ends[held]:]], messages, agent, **notes)
 
-    def _condenser(self, budget: int) -> Any:
+    def _condenser(self, summariser: _Bridge) -> Any:
         from openhands.sdk.context.condenser import LLMSummarizingCondenser
 
         options = self.context.options
         try:
             return LLMSummarizingCondenser(
-                llm=_llm(_Bridge(self, budget, self.exact), "condenser"),
+                llm=_llm(summariser, "condenser"),
                 max_size=options.get("openhands_max_size", 240),
                 keep_first=options.get("openhands_keep_first", 2),
                 minimum_progress=options.get("openhands_minimum_progress", 0.1),
