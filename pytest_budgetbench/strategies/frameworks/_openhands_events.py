@@ -8,7 +8,8 @@ Chat Completions serialiser), as the agent sends them.
 =====================================  ==================================================
 OpenAI message                         OpenHands event
 =====================================  ==================================================
-``system`` (first, string content)     ``SystemPromptEvent`` (its ``tools`` empty)
+``system`` (first, string content)     ``SystemPromptEvent``, the cell's tools on it as
+                                       ``ClientTool`` s (tools a client runs)
 other ``system``                       ``MessageEvent`` of a ``system`` ``Message``
 ``user``                               ``MessageEvent(source="user")``
 ``assistant`` without ``tool_calls``   ``MessageEvent(source="agent")``
@@ -33,7 +34,9 @@ content beside tool calls), and keys such as a user's ``name``; the ``name`` the
 adds to a tool result is left out where the original had none. A message the SDK made
 (a condenser's summary) has no original and is sent as the SDK serialises it.
 
-What cannot cross: content parts other than text (an image, a file: OpenHands would
+What cannot cross: the tools of a history without a system message (no
+``SystemPromptEvent`` to list them: OpenHands' counter then leaves them out), content
+parts other than text (an image, a file: OpenHands would
 carry an image's URL but drop its ``detail``) and the ``developer`` role (OpenHands'
 messages have none) are refused with a StrategyError that names them; a tool result
 longer than 50,000 characters is cut in its middle by the SDK's serialiser, as OpenHands
@@ -48,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_budgetbench.errors import StrategyError
-from pytest_budgetbench.messages import Message, tool_calls_of
+from pytest_budgetbench.messages import Message, Tool, tool_calls_of
 from pytest_budgetbench.strategies.frameworks._policy import refuse_parts
 
 FRAMEWORK = "openhands"
@@ -87,8 +90,28 @@ def _texts(message: Message, index: int) -> list[Any]:
     return [TextContent(text=part["text"]) for part in content]
 
 
-def to_events(messages: Sequence[Message]) -> list[Any]:
-    """The OpenHands events of ``messages`` (see the module's table)."""
+def client_tools(tools: Sequence[Tool]) -> list[Any]:
+    """The cell's tools as OpenHands ``ClientTool`` s (tools a client runs, declared by
+    their JSON schema): what its ``SystemPromptEvent`` lists, and its counter counts with
+    the fields it adds to each (``summary``, ``security_risk``)."""
+    from openhands.sdk.tool.client_tool import ClientTool, ClientToolSpec
+
+    made = []
+    for tool in tools:
+        function = tool.get("function", {})
+        try:
+            made.append(ClientTool.from_spec(ClientToolSpec(
+                name=function.get("name"), description=function.get("description", ""),
+                parameters=function.get("parameters") or {"type": "object", "properties": {}})))
+        except ValueError as exc:  # pydantic's, or a name registered with another schema
+            raise StrategyError(f"{FRAMEWORK} cannot declare the tool "
+                                f"{function.get('name')!r}: {exc}") from None
+    return made
+
+
+def to_events(messages: Sequence[Message], tools: Sequence[Tool] = ()) -> list[Any]:
+    """The OpenHands events of ``messages`` (see the module's table), ``tools`` on the
+    ``SystemPromptEvent`` where there is one."""
     from openhands.sdk.event import (
         ActionEvent,
         MessageEvent,
@@ -106,7 +129,8 @@ def to_events(messages: Sequence[Message]) -> list[Any]:
         role, event_id = message.get("role"), f"m{index}"
         texts = _texts(message, index)
         if role == "system" and index == 0 and isinstance(message.get("content"), str):
-            events.append(SystemPromptEvent(id=event_id, system_prompt=texts[0], tools=[]))
+            events.append(SystemPromptEvent(id=event_id, system_prompt=texts[0],
+                                            tools=client_tools(tools)))
         elif role in ("system", "user") or (role == "assistant" and not tool_calls_of(message)):
             source = {"system": "environment", "user": "user"}.get(str(role), "agent")
             events.append(MessageEvent(id=event_id, source=source,

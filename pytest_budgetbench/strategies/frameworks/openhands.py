@@ -16,13 +16,14 @@ Past it (its *token* reason: a hard requirement) the condenser forgets the oldes
 after ``keep_first`` until the rest counts at most half of ``max_tokens``, and its LLM
 summarises what it forgot into one user message in their place; past ``max_size`` events
 (240; its *event* reason, a soft one) it keeps the newest ``max_size // 2``. It counts with
-the agent LLM's ``get_token_count``: as shipped, litellm's ``token_counter`` for the
+the agent LLM's ``get_token_count``. As shipped that is litellm's ``token_counter`` for the
 agent's model, which for a model litellm does not know (every model served here) is
-tiktoken's ``cl100k_base`` over the messages, tools not seen (this bridge registers
-none); ``_exact`` hands it the run's counter through the agent LLM (tools included), which
-counts the messages OpenHands builds: its ``events_to_messages`` joins consecutive user
-turns (a summary and the user turn beside it) that this bridge sends apart, so its count
-can fall a few tokens short of the run's count of the prompt sent.
+tiktoken's ``cl100k_base`` over the messages and the tools its ``SystemPromptEvent`` lists
+(the cell's, as OpenHands ``ClientTool`` s, with the ``summary`` and ``security_risk``
+fields it adds to each). ``_exact`` hands it the run's counter through the agent LLM (the
+cell's tools as the run counts them) over the messages OpenHands builds to count: its
+``events_to_messages`` joins consecutive user turns (a summary and the user turn beside
+it), which this bridge sends apart, so its count can fall a few tokens short of the run's.
 
 - The policy is replayed as an agent lives it: the condenser runs at every point of the
   history where the model would be called (after a user turn, or after a step's tool
@@ -36,24 +37,26 @@ can fall a few tokens short of the run's count of the prompt sent.
   the variant's counter. A condensation that leaves the view over it is followed by
   another, at most ``MAX_ROUNDS`` a call.
 - The summariser is a thin ``openhands.sdk.llm.LLM`` whose completions are the runner's
-  auxiliary model (purpose ``openhands-summary``), its prompt OpenHands' own (its
-  ``summarizing_system.j2`` instructions and each forgotten event as the SDK prints it,
-  500 characters at most). Its context window is the cell's budget: a prompt over it
-  raises ``LLMContextWindowExceedError`` without a call, and the condenser does what it
-  does then (a hard context reset that summarises all events with each cut shorter, up
-  to ``hard_context_reset_max_retries``). Its replies are at most
+  auxiliary model (purpose ``openhands-summary``), its prompt OpenHands' own (the
+  ``summarizing_system.j2`` instructions, ~500 tokens, and each forgotten event as the SDK
+  prints it, 500 characters at most). Its context window is the cell's budget, a prompt
+  counted as the project's own summarisers count theirs (``context.tokens``, the cell's
+  tools included though the call is sent none): a prompt over it raises
+  ``LLMContextWindowExceedError`` without a call, and the condenser does what it does
+  then (a hard context reset that summarises every event, each cut shorter at each of
+  ``hard_context_reset_max_retries`` tries). A reply is at most
   ``openhands_max_output_tokens`` (0: a quarter of the budget).
 - Where the condenser gives up (``NoCondensationAvailableException``: no call fits, or
   too little to forget), the view goes as it stands, OpenHands' documented fallback, and
-  ``strategy_info.framework.gave_up`` says why; the runner records any violation. Its
-  view then only grows, and so does what it would forget, so the replay skips the calls
-  between a give-up and the last one (each would give up again, at a cost that grows
-  with the history: the SDK copies every event to count it). For
-  this reason the ``_exact`` variant is not held to fitting by the conformance kit: below
-  about 700 tokens no summary call of OpenHands' fits, and it falls back.
-- An auxiliary call over budget (a model whose budget is not the cell's) raises
-  BudgetExceeded, once the condenser returns: it would take it for a failed call and
-  retry (no call is made after it).
+  ``strategy_info.framework.gave_up`` says why; the runner records the violation. The view
+  then only grows, and so does what it would forget, so the replay skips the calls between
+  a give-up and the last one (each would give up again, at a cost that grows with the
+  history: the SDK copies every event to count it). Below about 1,500 tokens (the memory
+  task at 1,024) no summary call fits: even the ``_exact`` variant then sends more than
+  the budget, and the conformance kit does not hold it to fitting.
+- What the auxiliary model raises (BudgetExceeded for a call over budget, where its
+  budget is not the cell's; an EndpointError) is raised once the condenser returns: it
+  would take it for a failed call of its LLM and retry (no call is made after it).
 
 Options (OpenHands' parameters under their own names, at its defaults):
 ``openhands_max_size`` (240), ``openhands_keep_first`` (2), ``openhands_minimum_progress``
@@ -72,7 +75,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_budgetbench.errors import BudgetExceeded, Requirement, StrategyError
+from pytest_budgetbench.errors import Requirement, StrategyError
 from pytest_budgetbench.messages import Message, exchanges, split_ends
 from pytest_budgetbench.options import Option, integer, positive_int
 from pytest_budgetbench.strategies.base import Regime, StrategyContext
@@ -162,10 +165,10 @@ class _Bridge:
     budget: int
     exact: bool
     calls: int = 0
-    over_budget: BudgetExceeded | None = None
-    """An auxiliary call over budget: the condenser takes any exception of its LLM for a
-    failed call and retries, so the strategy raises it once the condenser returns, and
-    no call is made after it."""
+    failure: Exception | None = None
+    """What the auxiliary model raised (a call over budget, the endpoint failing): the
+    condenser takes any exception of its LLM for a failed call and retries, so the
+    strategy raises it once the condenser returns, and no call is made after it."""
 
     def exact_count(self, messages: Sequence[Message]) -> int:
         return self.policy.exact_count(messages)
@@ -177,10 +180,10 @@ class _Bridge:
         from openhands.sdk.llm.exceptions import LLMContextWindowExceedError
 
         context = self.policy.context
-        if self.over_budget is not None:
-            raise LLMContextWindowExceedError(str(self.over_budget))
+        if self.failure is not None:
+            raise LLMContextWindowExceedError(str(self.failure))
         prompt = [chat_dict(message) for message in messages]
-        counted = context.tokens.count_messages(prompt, [])  # the aux is sent no tools
+        counted = context.tokens.count_messages(prompt)  # as the project's summarisers do
         if counted > self.budget:
             raise LLMContextWindowExceedError(
                 f"summary prompt of {counted} tokens over the budget {self.budget}")
@@ -190,8 +193,8 @@ class _Bridge:
         try:
             reply = context.aux.complete(prompt, max_tokens=max(1, limit),
                                          purpose=SUMMARY_PURPOSE)
-        except BudgetExceeded as exc:
-            self.over_budget = exc
+        except Exception as exc:  # BudgetExceeded, EndpointError: the runner's to judge
+            self.failure = exc
             raise LLMContextWindowExceedError(str(exc)) from exc
         self.calls += 1
         return LLMResponse(
@@ -240,7 +243,8 @@ class OpenHandsNoOp(OpenHandsPolicy):
         from openhands.sdk.context.view import View
 
         agent = self._agent_llm(budget)
-        view = NoOpCondenser().condense(View.from_events(to_events(messages)), agent_llm=agent)
+        events = to_events(messages, self.context.tools)
+        view = NoOpCondenser().condense(View.from_events(events), agent_llm=agent)
         return self._finish(view.events, messages, agent)
 
 
@@ -291,7 +295,7 @@ class OpenHandsLLMSummarizing(OpenHandsPolicy):
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         import_sdk()
         messages = list(messages)
-        events = to_events(messages)
+        events = to_events(messages, self.context.tools)
         ends = _event_ends(messages)
         episode = self._episode
         if (episode is None or episode.budget != budget
@@ -305,9 +309,9 @@ class OpenHandsLLMSummarizing(OpenHandsPolicy):
             held = point - _answered(messages[:point])
             view = self._condense(condenser, agent, episode, events[:ends[held]],
                                   events[ends[held]:ends[point]])
-            if summariser.over_budget is not None:
+            if summariser.failure is not None:
                 self._episode = None
-                raise summariser.over_budget
+                raise summariser.failure
         episode.seen = messages
         notes: dict[str, Any] = {"condensations": len(episode.condensations)}
         if episode.gave_up:

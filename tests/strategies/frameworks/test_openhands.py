@@ -42,8 +42,8 @@ from pytest_budgetbench.strategies.frameworks.openhands import (
     OpenHandsNoOp,
 )
 from pytest_budgetbench.testing import (
+    TOOLS,
     EchoAuxModel,
-    HashingEmbedder,
     agent_trajectories,
     check_strategy,
     histories,
@@ -74,14 +74,6 @@ def long_chat(turns: int = 40) -> list[Message]:
 
 def context(aux: Any = None, tokens: TokenCounter = APPROX, **options: Any) -> StrategyContext:
     return StrategyContext(tokens=tokens, aux=aux, options=options)
-
-
-def runner_like(tokens: TokenCounter, budget: int) -> StrategyContext:
-    """The kit's context, with the aux held to the budget as the runner holds it: its
-    prompts counted without the cell's tools (it is sent none)."""
-    return StrategyContext(tokens=tokens, item_id="conformance",
-                           aux=EchoAuxModel(ApproxCounter(), budget),
-                           embedder_factory=HashingEmbedder)
 
 
 # -- conversion --------------------------------------------------------------------------
@@ -166,7 +158,7 @@ def test_what_openhands_cannot_carry_is_refused_by_name(message: Message, named:
 @pytest.mark.parametrize("cls", [OpenHandsNoOp, OpenHandsLLMSummarizing,
                                  OpenHandsLLMSummarizingExact])
 def test_policy_passes_the_conformance_kit(cls: type) -> None:
-    check_strategy(cls, context_factory=runner_like, max_examples=40)
+    check_strategy(cls, max_examples=40)
 
 
 def test_registered_under_names_that_say_framework_and_policy() -> None:
@@ -212,6 +204,34 @@ def joined(prompt: list[Message]) -> list[Message]:
         else:
             out.append(message)
     return out
+
+
+def test_shipped_estimate_counts_the_tools_as_openhands_declares_them() -> None:
+    """An agent's tools are on its SystemPromptEvent, as ClientTools: OpenHands counts
+    each with the ``summary`` and ``security_risk`` fields it adds to the schema."""
+    from openhands.sdk.tool.client_tool import ClientTool, ClientToolSpec
+
+    strategy = OpenHandsNoOp()
+    strategy.reset(ctx := StrategyContext(tokens=APPROX.with_tools(TOOLS), tools=TOOLS))
+    assert strategy.apply(KNOWN, 4096) == KNOWN
+    schemas = [ClientTool.from_spec(ClientToolSpec(
+        name=t["function"]["name"], description=t["function"]["description"],
+        parameters=t["function"]["parameters"])).to_openai_tool(True) for t in TOOLS]
+    assert all({"summary", "security_risk"} <= set(t["function"]["parameters"]["properties"])
+               for t in schemas)
+    import litellm
+
+    assert ctx.estimated_tokens == litellm.token_counter(
+        model="openai/budgetbench", messages=KNOWN, tools=schemas) > 115 + 300
+
+
+def test_a_tool_openhands_cannot_declare_is_named() -> None:
+    bad = [{"type": "function", "function": {"name": "odd", "description": "",
+                                             "parameters": {"type": "string"}}}]
+    strategy = OpenHandsNoOp()
+    strategy.reset(StrategyContext(tokens=APPROX, tools=bad))
+    with pytest.raises(StrategyError, match="openhands cannot declare the tool 'odd'"):
+        strategy.apply(KNOWN, 4096)
 
 
 def test_exact_variant_counts_with_the_runs_counter() -> None:
