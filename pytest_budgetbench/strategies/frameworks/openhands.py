@@ -187,10 +187,11 @@ class _Bridge:
         if counted > self.budget:
             raise LLMContextWindowExceedError(
                 f"summary prompt of {counted} tokens over the budget {self.budget}")
-        if context.aux is None:
-            raise StrategyError(f"'{self.policy.name}' needs the runner's auxiliary model")
         limit = context.options.get("openhands_max_output_tokens") or self.budget // 4
         try:
+            if context.aux is None:
+                raise StrategyError(f"'{self.policy.name}' needs the runner's auxiliary "
+                                    "model (context.aux)")
             reply = context.aux.complete(prompt, max_tokens=max(1, limit),
                                          purpose=SUMMARY_PURPOSE)
         except Exception as exc:  # BudgetExceeded, EndpointError: the runner's to judge

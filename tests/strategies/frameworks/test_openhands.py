@@ -278,6 +278,13 @@ def test_a_summary_call_over_the_aux_budget_raises_budget_exceeded() -> None:
         strategy.apply(long_chat(), 2048)
 
 
+def test_without_an_auxiliary_model_it_says_so() -> None:
+    strategy = OpenHandsLLMSummarizing()
+    strategy.reset(context(None))
+    with pytest.raises(StrategyError, match="needs the runner's auxiliary model"):
+        strategy.apply(long_chat(), 2048)
+
+
 def test_below_its_summary_prompt_it_sends_the_view_as_it_stands() -> None:
     """At 1,024 no summary call of OpenHands' fits: no call is made, the condenser gives
     up (NoCondensationAvailableException) and the whole history goes, as OpenHands falls
@@ -347,13 +354,32 @@ def test_a_framework_error_is_its_cells_strategy_error_and_nothing_else_is_lost(
     result.assert_outcomes(passed=2, errors=2)
 
 
+def test_a_sweep_records_the_estimate_and_the_summary_calls_on_each_row(
+        pytester: pytest.Pytester, fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.responder = lambda messages: ("USER_CONTEXT: a summary" if TEMPLATE_START in
+                                       text_of(messages[0]) else "an answer")
+    result = pytester.runpytest(*sweep_args(
+        fake, tmp_path, "--budgetbench-strategies=openhands_no_op,openhands_llm_summarizing",
+        "--budgets=2048", "--budgetbench-items=2"))
+    rows = {row["strategy"]: row for row in rows_of(tmp_path) if row["item_id"].endswith("0")}
+    assert set(rows) == {"openhands_no_op", "openhands_llm_summarizing"}, result.stdout.str()
+    for name, row in rows.items():
+        framework = row["strategy_info"]["framework"]
+        assert framework["counter"] == SHIPPED_COUNTER and row["estimated_tokens"] > 0, name
+        assert row["estimated_tokens"] != row["counted_tokens"]  # cl100k, not chars/4
+    summarised = rows["openhands_llm_summarizing"]
+    assert [c["purpose"] for c in summarised["aux_calls"]] == [SUMMARY_PURPOSE] * len(
+        summarised["aux_calls"]) and summarised["aux_calls"]
+    assert rows["openhands_no_op"]["aux_calls"] == []
+
+
 def test_importing_the_sdk_stays_offline_and_quiet() -> None:
     code = ("from pytest_budgetbench.strategies.frameworks import _openhands_events as e; "
             "e.import_sdk(); import os, litellm; "
             "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'], "
             "litellm.disable_hf_tokenizer_download)")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENHANDS_SUPPRESS_BANNER", "LITELLM_LOCAL_MODEL_COST_MAP")}
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "OPENHANDS_SUPPRESS_BANNER", "LITELLM_LOCAL_MODEL_COST_MAP", "LOG_AUTO_CONFIG")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=300, check=True)
     assert done.stdout.split() == ["True", "True"] and done.stderr == ""
