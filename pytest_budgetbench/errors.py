@@ -7,6 +7,7 @@
     │   ├── MalformedLine          a line of a JSON-lines or CSV text; the reader names the file
     │   └── MalformedRecord        a record's fields; the task names the file and line
     ├── MissingDependency      an optional extra is not installed
+    │   └── UnsupportedPython      or cannot be: its package needs a newer Python
     ├── StrategyError          a strategy raised, or returned something that is not messages
     │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
@@ -29,6 +30,8 @@ subclasses AssertionError, which pytest reports as a test failure.
 
 from __future__ import annotations
 
+import platform
+import sys
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
@@ -78,6 +81,21 @@ class MissingDependency(BudgetBenchError):
         )
         self.module = module
         self.extra = extra
+
+
+class UnsupportedPython(MissingDependency):
+    """An optional package that needs a newer Python than this one: its extra's marker
+    installs nothing here (the OpenHands SDK needs 3.12), so the line names the Python."""
+
+    def __init__(self, requirement: Requirement, purpose: str) -> None:
+        assert requirement.python is not None
+        needed = ".".join(map(str, requirement.python))
+        BudgetBenchError.__init__(
+            self, f"{purpose} needs Python {needed} or newer (this is "
+            f"{platform.python_version()}): run it from a Python {needed} environment with "
+            f"pip install 'pytest-budgetbench[{requirement.extra}]'")
+        self.module = requirement.package or requirement.module
+        self.extra = requirement.extra
 
 
 class StrategyError(BudgetBenchError):
@@ -180,6 +198,13 @@ class Requirement(NamedTuple):
     extra: str
     package: str = ""
     install: str = ""
+    python: tuple[int, int] | None = None
+    """The oldest Python the package installs on, e.g. ``(3, 12)``, where its extra has a
+    Python marker: on an older one the requirement is unmet whatever is installed."""
+
+    def python_unmet(self) -> bool:
+        """Whether this Python is older than the package needs."""
+        return self.python is not None and sys.version_info[:2] < self.python
 
     @staticmethod
     def hint(found: Iterable[Requirement]) -> str:
@@ -190,12 +215,15 @@ class Requirement(NamedTuple):
 
 
 def first_missing(requirements: Iterable[Requirement]) -> Requirement | None:
-    """The first requirement that is not installed, or None. Imports nothing but the
-    parents of a dotted name (``llama_index`` of ``llama_index.core``; a top-level name's
-    spec is found on the path), so it costs milliseconds."""
+    """The first requirement that is not installed (or needs a newer Python), or None.
+    Imports nothing but the parents of a dotted name (``llama_index`` of
+    ``llama_index.core``; a top-level name's spec is found on the path), so it costs
+    milliseconds."""
     import importlib.util
 
     for requirement in requirements:
+        if requirement.python_unmet():
+            return requirement
         try:
             found = importlib.util.find_spec(requirement.module)
         except ModuleNotFoundError:  # a dotted name whose parent is not installed
@@ -208,6 +236,8 @@ def first_missing(requirements: Iterable[Requirement]) -> Requirement | None:
 def check_installed(requirements: Iterable[Requirement], purpose: str, hint: str = "") -> None:
     """Raise MissingDependency naming the first requirement that is not installed."""
     missing = first_missing(requirements)
+    if missing is not None and missing.python_unmet():
+        raise UnsupportedPython(missing, purpose)
     if missing is not None:
         hint = ", ".join(filter(None, [Requirement.hint([missing]), hint]))
         raise MissingDependency(missing.package or missing.module, missing.extra, purpose, hint)

@@ -27,6 +27,7 @@ from pytest_budgetbench.errors import (
     NothingToRun,
     Requirement,
     TokenizerError,
+    UnsupportedPython,
     first_missing,
 )
 from pytest_budgetbench.reports.gates.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
@@ -123,6 +124,8 @@ def check_extras(
     found_all: list[Requirement] = []
     for purpose, requirements in needs:
         found = first_missing(requirements)
+        if found is not None and found.python_unmet():  # no extra can help: say the Python
+            raise UnsupportedPython(found, purpose)
         if found is not None:
             missing.setdefault(found.extra, (found.package or found.module, found.extra, purpose))
             found_all.append(found)

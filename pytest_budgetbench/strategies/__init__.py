@@ -76,6 +76,10 @@ REGISTRY: Registry[Strategy] = Registry(
         "llamaindex_chat_summary_memory": f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatSummaryMemory",
         "llamaindex_chat_summary_memory_exact":
             f"{_FRAMEWORKS}.llamaindex:LlamaIndexChatSummaryMemoryExact",
+        "openhands_llm_summarizing": f"{_FRAMEWORKS}.openhands:OpenHandsLLMSummarizing",
+        "openhands_llm_summarizing_exact":
+            f"{_FRAMEWORKS}.openhands:OpenHandsLLMSummarizingExact",
+        "openhands_no_op": f"{_FRAMEWORKS}.openhands:OpenHandsNoOp",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
