@@ -58,6 +58,18 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_mid": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemMid",
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
+        "langchain_trim_messages":
+            "pytest_budgetbench.strategies.frameworks.langchain:TrimMessages",
+        "langchain_trim_messages_exact":
+            "pytest_budgetbench.strategies.frameworks.langchain:TrimMessagesExact",
+        "langchain_summarization":
+            "pytest_budgetbench.strategies.frameworks.langchain:Summarization",
+        "langchain_summarization_exact":
+            "pytest_budgetbench.strategies.frameworks.langchain:SummarizationExact",
+        "langchain_clear_tool_uses":
+            "pytest_budgetbench.strategies.frameworks.langchain:ClearToolUses",
+        "langchain_clear_tool_uses_exact":
+            "pytest_budgetbench.strategies.frameworks.langchain:ClearToolUsesExact",
     },
     # budgetmem@0.1: the router trained with lambda 0.1 (one class per lambda).
     patterns={"budgetmem@": "pytest_budgetbench.strategies.budgetmem.router:router_strategy"},
