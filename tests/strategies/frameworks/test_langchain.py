@@ -221,13 +221,15 @@ def with_options(**options: Any) -> Any:
     return make
 
 
-def roomy_aux(tokens: TokenCounter, budget: int) -> StrategyContext:
+def roomy_aux(**options: Any) -> Any:
     """The kit's context with a summariser that takes any prompt: LangChain's summary
     prompt alone is ~600 tokens, over most of the kit's budgets (that violation is
     test_a_summary_retry_still_over_budget_is_the_cells_budget_exceeded)."""
-    made = default_context(tokens, budget)
-    made.aux = EchoAuxModel(tokens, 10**9)
-    return made
+    def make(tokens: TokenCounter, budget: int) -> StrategyContext:
+        made = with_options(**options)(tokens, budget)
+        made.aux = EchoAuxModel(tokens, 10**9)
+        return made
+    return make
 
 
 @pytest.mark.parametrize("cls", [lc.TrimMessages, lc.TrimMessagesExact])
@@ -241,7 +243,11 @@ def test_trim_messages_conforms(cls: type[lc.TrimMessages]) -> None:
 
 @pytest.mark.parametrize("cls", [lc.Summarization, lc.SummarizationExact])
 def test_summarization_conforms(cls: type[lc.Summarization]) -> None:
-    check_strategy(cls, context_factory=roomy_aux, max_examples=40)
+    """At LangChain's keep (20 messages: the kit's histories are rarely longer, so few
+    summaries) and at keep=messages:3, which summarises in most examples."""
+    check_strategy(cls, context_factory=roomy_aux(), max_examples=30)
+    check_strategy(cls, context_factory=roomy_aux(langchain_summarization_keep=("messages", 3)),
+                   max_examples=30)
 
 
 @pytest.mark.parametrize("cls", [lc.ClearToolUses, lc.ClearToolUsesExact])
