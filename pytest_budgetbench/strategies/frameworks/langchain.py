@@ -21,7 +21,10 @@ messages included).
   ``strategy_info.framework.answerable`` is false (``langchain_start_on=human,ai`` keeps
   the newest steps instead). ``langchain_start_on=none`` lets the suffix open on a tool
   result whose call was cut: the runner refuses that prompt (a broken pair) as the cell's
-  error; nothing here repairs it.
+  error; nothing here repairs it. Where not even the last message fits (``_exact`` on a
+  task whose tool schemas alone exceed the budget, as BFCL's at 4096), LangChain keeps
+  no message at all, and that empty prompt is returned as it is (the conformance kit
+  takes it where nothing could fit; the runner's counter may not render it).
   ``_exact`` counts each list it is given as what it adds to the prompt (trim_messages
   counts the system message and the rest apart, and the rest reversed), so that the two
   sum to the run's count of the prompt.
@@ -188,6 +191,8 @@ class LangChainPolicy(FrameworkPolicy):
         return self.context.options.get(option.key, option.default)
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
+        from langsmith.run_helpers import tracing_context
+
         from pytest_budgetbench.strategies.frameworks._langchain_messages import (
             Bridge,
             runner_error,
@@ -196,7 +201,10 @@ class LangChainPolicy(FrameworkPolicy):
         bridge = Bridge(messages)
         head = len(split_ends(messages)[0])
         try:
-            kept, estimate, notes = self.run(bridge, head, budget)
+            # No LangSmith trace leaves the run, whatever LANGSMITH_TRACING says: a
+            # summary prompt is the item's data, and the runner is the only client.
+            with tracing_context(enabled=False):
+                kept, estimate, notes = self.run(bridge, head, budget)
         except Exception as exc:
             cause = runner_error(exc)
             if cause is not None:

@@ -31,7 +31,7 @@ from pytest_budgetbench.testing import (
 )
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
-from tests.sweeps import rows_of
+from tests.sweeps import rows_of, sweep_args
 
 pytest.importorskip("langchain.agents.middleware")
 
@@ -486,3 +486,56 @@ def test_a_framework_raising_is_that_cells_strategy_error_and_nothing_else_is_lo
     assert all(r["estimated_tokens"] and r["estimated_tokens"] != r["counted_tokens"]
                for r in shipped)
     assert result.ret != 0
+
+
+def test_a_sweeps_summaries_are_aux_calls_on_the_row_within_the_budget(
+        pytester: pytest.Pytester, tmp_path: Path, fake: Any) -> None:
+    def respond(messages: list[dict[str, Any]]) -> str:
+        if "Context Extraction Assistant" in str(messages[0].get("content")):
+            return "The user walks the dog in the park."
+        return "the park"
+
+    fake.responder = respond
+    pytester.runpytest(*sweep_args(
+        fake, tmp_path, "--budgetbench-strategies=langchain_summarization",
+        "--budgets=2048", "--budgetbench-items=2"))
+    rows = rows_of(tmp_path)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        assert [call["purpose"] for call in row["aux_calls"]] == ["summary"]
+        assert row["aux_calls"][0]["input_tokens"] <= 2048
+        framework = row["strategy_info"]["framework"]
+        # LangChain read 4000 tokens of history, over the budget: its retry, cut, fitted.
+        assert framework["summarized"] is True and framework["summary_overflows"] == 1
+        assert row["estimated_tokens"] and row["counted_tokens"] <= 2048
+
+
+def test_with_tools_over_the_budget_the_exact_trim_keeps_no_message() -> None:
+    """BFCL's case: the schemas alone exceed max_tokens by the run's count, so LangChain
+    keeps nothing; as shipped its counter does not see them and keeps the user turn."""
+    messages: list[Message] = [{"role": "user", "content": "Book me a flight."}]
+    tokens = ApproxCounter()
+    budget = tokens.count_messages([], TOOLS) - 1
+    kept, ctx = run(lc.TrimMessagesExact, messages, budget, context(tokens, tools=TOOLS))
+    assert kept == [] and ctx.info["framework"]["answerable"] is False
+    kept, ctx = run(lc.TrimMessages, messages, budget, context(tokens, tools=TOOLS))
+    assert kept == messages and tokens.count_messages(kept, TOOLS) > budget
+
+
+def test_no_langsmith_trace_leaves_the_run_even_when_the_environment_asks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from langsmith.utils import tracing_is_enabled
+
+    monkeypatch.setenv("LANGSMITH_TRACING", "true")
+    assert tracing_is_enabled()
+    seen: list[object] = []
+
+    class TracingAux(LimitedAux):
+        def complete(self, messages: Sequence[Message], **kwargs: Any) -> str:
+            seen.append(tracing_is_enabled())
+            return super().complete(messages, **kwargs)
+
+    tokens = ApproxCounter()
+    run(lc.Summarization, episode(16, 10), 500, context(tokens, aux=TracingAux(tokens)))
+    assert seen == [False]
