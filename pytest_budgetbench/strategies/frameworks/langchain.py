@@ -22,7 +22,7 @@ messages included).
   the newest steps instead). ``langchain_start_on=none`` lets the suffix open on a tool
   result whose call was cut: the runner refuses that prompt (a broken pair) as the cell's
   error; nothing here repairs it. Where not even the last message fits (``_exact`` on a
-  task whose tool schemas alone exceed the budget, as BFCL's at 4096), LangChain keeps
+  task whose tool schemas alone exceed the budget: BFCL's 4,792 tokens), LangChain keeps
   no message at all, and that empty prompt is returned as it is (the conformance kit
   takes it where nothing could fit; the runner's counter may not render it).
   ``_exact`` counts each list it is given as what it adds to the prompt (trim_messages
