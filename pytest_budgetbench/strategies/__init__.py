@@ -61,6 +61,12 @@ REGISTRY: Registry[Strategy] = Registry(
         "budgetmem_high": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemHigh",
         "budgetmem_random": "pytest_budgetbench.strategies.budgetmem.strategy:BudgetMemRandom",
         # The frameworks' own memory policies, each as shipped and _exact (frameworks/).
+        "langchain_trim_messages": f"{_FRAMEWORKS}.langchain:TrimMessages",
+        "langchain_trim_messages_exact": f"{_FRAMEWORKS}.langchain:TrimMessagesExact",
+        "langchain_summarization": f"{_FRAMEWORKS}.langchain:Summarization",
+        "langchain_summarization_exact": f"{_FRAMEWORKS}.langchain:SummarizationExact",
+        "langchain_clear_tool_uses": f"{_FRAMEWORKS}.langchain:ClearToolUses",
+        "langchain_clear_tool_uses_exact": f"{_FRAMEWORKS}.langchain:ClearToolUsesExact",
         "inspect_compaction_trim": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionTrim",
         "inspect_compaction_trim_exact": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionTrimExact",
         "inspect_compaction_edit": f"{_FRAMEWORKS}.inspect_ai:InspectCompactionEdit",
