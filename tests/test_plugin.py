@@ -156,6 +156,8 @@ def test_violating_strategy_fails_with_the_figures(
     [
         ("raise RuntimeError('boom')", "strategy 'broken' failed on cell * RuntimeError: boom"),
         ("return 'not messages'", "strategy 'broken' must return a list of chat messages*"),
+        ("return []", "strategy 'broken' returned no message on cell memory-0000-broken-512: "
+                      "an empty prompt cannot be counted or sent"),
     ],
 )
 def test_broken_strategy_errors_and_names_itself(

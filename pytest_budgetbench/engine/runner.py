@@ -351,6 +351,10 @@ class Runner:
 
         def checked() -> list[Message]:
             prompt = check_messages(self._within_timeout(work, strategy, cell), produced_by)
+            if not prompt:  # no template renders it, no endpoint takes it
+                raise StrategyError(
+                    f"{produced_by} returned no message on cell {cell.cell_id}: an empty "
+                    "prompt cannot be counted or sent")
             try:
                 check_tool_pairs(prompt, produced_by)
             except ValueError as exc:  # the message names the strategy and the pair
