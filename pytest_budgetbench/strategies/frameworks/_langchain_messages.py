@@ -142,18 +142,6 @@ def _check_arguments(message: Message, index: int) -> None:
 
 
 # -- the auxiliary model as a LangChain chat model ------------------------------------------
-class AuxOverflow(ContextOverflowError):
-    """The auxiliary model's prompt was over the cell's budget: to LangChain, the model's
-    context window overflowed (its summariser then retries once with less history). The
-    runner's BudgetExceeded is its ``__cause__``."""
-
-
-class AuxFailure(ModelError):
-    """Any other failure of the auxiliary model, marked not retryable so that LangChain's
-    retries (``with_retry``, three attempts) do not repeat a call the runner recorded;
-    the runner's own exception is its ``__cause__``, re-raised by the strategy."""
-
-
 class AuxChatModel(BaseChatModel):
     """A thin LangChain chat model over the runner's auxiliary model (``context.aux``):
     every call the framework makes is the runner's, budgeted to the cell's budget, cached
@@ -179,10 +167,14 @@ class AuxChatModel(BaseChatModel):
         try:
             text = aux.complete(prompt, max_tokens=self.max_tokens, purpose=self.purpose)
         except BudgetExceeded as exc:
+            # To LangChain, the model's context window overflowed: its summariser then
+            # retries once with less history. The runner's exception is the cause.
             self.overflows.append(str(exc))
-            raise AuxOverflow(str(exc)) from exc
+            raise ContextOverflowError(str(exc)) from exc
         except Exception as exc:
-            raise AuxFailure(f"{type(exc).__name__}: {exc}") from exc
+            # Any other failure as LangChain's base ModelError, which its retries
+            # (with_retry, three attempts) do not repeat: the runner recorded the call.
+            raise ModelError(f"{type(exc).__name__}: {exc}") from exc
         return ChatResult(generations=[ChatGeneration(message=AIMessage(content=text))])
 
 
@@ -191,7 +183,8 @@ def runner_error(exc: BaseException) -> BaseException | None:
     (a BudgetExceeded, an endpoint's error), or None when the framework itself failed."""
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (AuxOverflow, AuxFailure)) and seen.__cause__ is not None:
+        # Only AuxChatModel raises these two exact types with a cause.
+        if type(seen) in (ContextOverflowError, ModelError) and seen.__cause__ is not None:
             return seen.__cause__
         seen = seen.__cause__ or seen.__context__
     return None
