@@ -49,8 +49,8 @@ from typing import Any
 from pytest_budgetbench.engine.evidence import texts_of
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.records.rows import CellRow
-from pytest_budgetbench.tasks.base import GoldAnswers, Item
 from pytest_budgetbench.tasks._text import normalize_answer
+from pytest_budgetbench.tasks.base import GoldAnswers, Item
 
 _CUT = "\n"
 """What a cut-out span or question leaves: a word boundary, so nothing joins across it."""

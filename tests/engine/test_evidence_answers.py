@@ -238,3 +238,58 @@ def test_a_model_free_sweep_fills_answer_kept_on_its_rows(
     # Unique only where no echo repeats the answer: the date tags of temporal questions.
     assert {r["category"] for r in rows if r["answer_unique"]} == {"temporal-reasoning"}
 
+
+
+def test_the_answer_kept_floor_fails_truncation_that_drops_the_planted_facts(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    from tests.sweeps import rows_of
+
+    result = pytester.runpytest(
+        "--budgetbench-model=none", f"--budgetbench-out={tmp_path / 'out'}",
+        "-p", "no:cacheprovider", "--budgets=512", "--budgetbench-tokenizer=approx",
+        "--budgetbench-strategies=full_context,truncation,rag",
+        "--budgetbench-min-answer-kept=truncation@512=0.9")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "FAILED budgetbench::gate[[]answer-kept-floor truncation@512[]]*",
+        "*1 failed, * passed*"])
+    kept = [r["answer_kept"] for r in rows_of(tmp_path) if r["status"] == "ok"
+            and r["strategy"] == "truncation" and r["answer_kept"] is not None]
+    result.stdout.fnmatch_lines([
+        f"budgetbench gate failed: truncation@512: answer kept {sum(kept) / len(kept):.3f} "
+        f"over the {len(kept)} admitted items whose evidence holds their answer is below the "
+        "floor 0.900 (lowest: memory/*"])
+    assert "gate[answer-kept-floor rag" not in result.stdout.str()  # only the named cell
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--budgetbench-min-answer-kept=truncation@4096=0.5"],
+     "*--budgetbench-min-answer-kept: truncation@4096 is not a strategy@budget of this sweep "
+     "(it runs full_context@2048, rag@2048, truncation@2048); name one it runs"),
+    (["--budgetbench-min-answer-kept=0.5", "--budgetbench-tasks=needle_plain:NoAnswers"],
+     "*--budgetbench-min-answer-kept: no item of the sweep's tasks (no_answers) has a gold "
+     "answer that its evidence holds, so there is no answer kept to gate on *"),
+    (["--budgetbench-min-answer-kept=0.5", "--budgetbench-strategies=full_context"],
+     "*--budgetbench-min-answer-kept judges nothing: every strategy of the sweep "
+     "(full_context) is a reference*"),
+])
+def test_an_answer_kept_floor_that_judges_nothing_is_one_line_before_any_cell(
+    pytester: pytest.Pytester, tmp_path: Path, extra: list[str], expected: str
+) -> None:
+    pytester.makepyfile(needle_plain="""
+        from pytest_budgetbench.tasks.needle import NeedleTask
+
+        class NoAnswers(NeedleTask):
+            name = "no_answers"
+
+            def gold_answers(self, item):
+                return None
+        """)
+    pytester.syspathinsert()
+    result = pytester.runpytest(
+        "--budgetbench-model=none", f"--budgetbench-out={tmp_path / 'out'}",
+        "-p", "no:cacheprovider", "--budgets=2048", "--budgetbench-tokenizer=approx", *extra)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([expected])
+    assert not list((tmp_path / "out").glob("*/run.json"))
