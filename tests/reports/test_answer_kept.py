@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports import build_report
 from pytest_budgetbench.reports.stats import bootstrap_ci, cell_rng
 from pytest_budgetbench.reports.synthetic import make_row, write_run
@@ -38,7 +39,7 @@ def rows_of_a_summary_that_drops_answers(n: int = 20) -> list[dict[str, Any]]:
         unique = i < 12
         rows.append(make_row(item_id=f"i{i}", strategy="full_context", budget=4000,
                              reference=True, category=category, **answer(has, unique)))
-        status = "violation" if i == 17 else "ok"
+        status = Status.VIOLATION if i == 17 else Status.OK
         kept = None if i >= 18 else (i % 2 == 1 or i == 17)
         rows.append(make_row(item_id=f"i{i}", strategy="summary", budget=500, status=status,
                              category=category, **answer(kept, unique)))
