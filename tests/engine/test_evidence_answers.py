@@ -293,3 +293,30 @@ def test_an_answer_kept_floor_that_judges_nothing_is_one_line_before_any_cell(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([expected])
     assert not list((tmp_path / "out").glob("*/run.json"))
+
+
+def test_a_teacher_forced_model_free_episode_marks_each_step_and_its_row(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """BFCL's reference steps take file names from earlier tool results (ls, find): each
+    such step's call says whether its prompt kept them, and the row whether every one did."""
+    from tests.engine.test_episodes import episodes_of
+    from tests.sweeps import rows_of
+
+    result = pytester.runpytest(
+        "--budgetbench-model=none", f"--budgetbench-out={tmp_path / 'out'}",
+        "-p", "no:cacheprovider", "--budgets=16384", "--budgetbench-tokenizer=approx",
+        "--budgetbench-episodes=teacher-forced", "--budgetbench-items=2",
+        "--budgetbench-tasks=bfcl_multi_turn_long_context",
+        "--budgetbench-strategies=full_context", "--budgetbench-report=off")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    episodes = episodes_of(tmp_path)
+    watched = 0
+    for row in rows_of(tmp_path):
+        marks = [(c["answer_kept"], c["answer_unique"]) for c in episodes[row["cell_id"]]["calls"]
+                 if c["answer_kept"] is not None]
+        watched += len(marks)
+        assert row["answer_kept"] == (all(k for k, _ in marks) if marks else None)
+        assert row["answer_unique"] == (all(u for _, u in marks) if marks else None)
+        assert all(kept for kept, _ in marks)  # full_context drops nothing
+    assert watched > 0
