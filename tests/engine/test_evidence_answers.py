@@ -320,3 +320,30 @@ def test_a_teacher_forced_model_free_episode_marks_each_step_and_its_row(
         assert row["answer_unique"] == (all(u for _, u in marks) if marks else None)
         assert all(kept for kept, _ in marks)  # full_context drops nothing
     assert watched > 0
+
+
+# -- coverage on the shared data (docs/reports.md, Answer kept) -----------------------------
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@pytest.mark.parametrize(("task", "path", "categories", "expected"), [
+    ("locomo", "locomo/locomo_conv26_conv30.json",
+     ("multi-hop", "temporal", "open-domain", "single-hop"), (233, 70, 40)),
+    ("longmemeval", "longmemeval/longmemeval_oracle_subset60.json", None, (60, 22, 9)),
+])
+def test_the_answer_is_in_the_evidence_of_a_third_of_the_shared_questions(
+    task: str, path: str, categories: tuple[str, ...] | None, expected: tuple[int, int, int]
+) -> None:
+    """The coverage the docs give: (items, answer in the evidence, unique to it) of LoCoMo's
+    category 1-4 questions and LongMemEval's oracle records."""
+    if not (SHARED / path).is_file():
+        pytest.skip(f"shared data not present: {SHARED / path}")
+    if task == "locomo":
+        pytest.importorskip("nltk")
+    from pytest_budgetbench.tasks import REGISTRY
+
+    loaded = REGISTRY.resolve(task)(TaskOptions(data_path=SHARED / path))
+    items = [i for i in loaded.load() if categories is None or i.category in categories]
+    found = [watch(loaded.gold_answers(i), i) for i in items]
+    assert (len(items), sum(w is not None for w in found),
+            sum(w is not None and w.unique for w in found)) == expected
