@@ -55,9 +55,9 @@ RAN_MEASURES: dict[str, str] = {
 """Statistic -> the row field it is the mean of, over admitted and violating rows."""
 FIELDS: tuple[str, ...] = ("item_id", "repeat", "status", "reference", "quality", "model_s",
                            *ADMITTED_MEASURES.values(), *RAN_MEASURES.values(), "answer_unique")
+"""The row fields :func:`summarise` reads, besides the keys."""
 FLAGS: tuple[str, ...] = ("answer_kept", "answer_unique")
 """Row fields that are true or false: the statistics read them as 1 and 0."""
-"""The row fields :func:`summarise` reads, besides the keys."""
 
 
 @dataclass(frozen=True)
