@@ -54,6 +54,10 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     gates.add_argument("--min-retention", **from_option("min_retention"),
                        help="fail when a non-reference strategy@budget's mean evidence "
                        "retention is below R (STRATEGY@BUDGET=R: one cell's floor)")
+    gates.add_argument("--min-answer-kept", **from_option("min_answer_kept"),
+                       help="fail when a non-reference strategy@budget's share of prompts "
+                       "that kept the gold answer is below R (STRATEGY@BUDGET=R: one "
+                       "cell's floor)")
     gates.add_argument("--baseline", type=Path, metavar="REPORT_JSON",
                        help="a previous report.json to compare against")
     gates.add_argument("--max-regression", **from_option("max_regression"),
@@ -94,10 +98,16 @@ def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
     from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.records.store import RunStore
-    from pytest_budgetbench.reports import Prices, build_report, retention_gate, violation_gate
+    from pytest_budgetbench.reports import (
+        Prices,
+        answer_kept_gate,
+        build_report,
+        retention_gate,
+        violation_gate,
+    )
     from pytest_budgetbench.reports.gates.judging import regression_findings
     from pytest_budgetbench.reports.load import require_rows
-    from pytest_budgetbench.settings.config import retention_floor, unswept_floor
+    from pytest_budgetbench.settings.config import cell_floor, unswept_floor
 
     if (args.price_in is None) != (args.price_out is None):
         return _usage("--price-in and --price-out go together")
@@ -124,15 +134,16 @@ def run_report(args: argparse.Namespace) -> int:
     reasons: list[str] = []
     if args.max_violation_rate is not None:
         reasons += violation_gate(report, args.max_violation_rate)
-    if args.min_retention is not None:
-        unknown = unswept_floor(args.min_retention, (
-            f"{strategy}@{budget}" for strategy, budget
-            in zip(report.summary["strategy"], report.summary["budget"], strict=True)),
-            "--min-retention", ("these records", "they hold"))
+    cells = [f"{strategy}@{budget}" for strategy, budget
+             in zip(report.summary["strategy"], report.summary["budget"], strict=True)]
+    for floors, flag, gate in ((args.min_retention, "--min-retention", retention_gate),
+                               (args.min_answer_kept, "--min-answer-kept", answer_kept_gate)):
+        if floors is None:
+            continue
+        unknown = unswept_floor(floors, cells, flag, ("these records", "they hold"))
         if unknown:
             return _usage(unknown)
-        reasons += retention_gate(report, functools.partial(retention_floor,
-                                                            args.min_retention))
+        reasons += gate(report, functools.partial(cell_floor, floors))
     if args.baseline is not None:
         # Unlike the plugin's, a harm-shown gate runs on --baseline alone, tolerating no drop.
         found = regression_findings(report, args.baseline, args.max_regression or 0.0,

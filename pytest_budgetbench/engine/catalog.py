@@ -1,10 +1,12 @@
 """The sweep's tasks and their items: each task built once per process from the settings,
-its items loaded once (collection needs them as much as the runner does)."""
+its items loaded once (collection needs them as much as the runner does), and what each
+item's prompts are searched for to say whether they kept its answer (engine.answers)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_budgetbench.engine.answers import AnswerWatch, watch
 from pytest_budgetbench.model.chat import ChatModel
 from pytest_budgetbench.settings.config import Settings, task_values
 from pytest_budgetbench.tasks import Item, Task, TaskOptions, resolve_task, sweep_tasks
@@ -18,6 +20,7 @@ class Catalog:
         self.settings = settings
         self._tasks: dict[str, Task] = {}
         self._items: dict[str, list[Item]] = {}
+        self._watches: dict[tuple[str, int], AnswerWatch | None] = {}
 
     @property
     def names(self) -> list[str]:
@@ -39,6 +42,16 @@ class Catalog:
         if task_name not in self._items:
             self._items[task_name] = self.task(task_name).load()[: self.settings.items]
         return self._items[task_name]
+
+    def answers(self, task_name: str, index: int) -> AnswerWatch | None:
+        """What the prompts of item ``index`` of the task are searched for (its answer, as
+        its grader normalises it, where its evidence holds it), worked out once per item
+        (threads may work it out twice: the same value)."""
+        key = (task_name, index)
+        if key not in self._watches:
+            item = self.items(task_name)[index]
+            self._watches[key] = watch(self.task(task_name).gold_answers(item), item)
+        return self._watches[key]
 
 
 def make_task(name: str, settings: Settings) -> Task:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
+from pytest_budgetbench.engine.answers import StepAnswers
 from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.evidence import Retention, TrajectoryEvidence, fill_retention
 from pytest_budgetbench.errors import EndpointError, MalformedReply
@@ -53,6 +54,9 @@ class Episode:
     _previous_ids: list[int] | None = None
     evidence: TrajectoryEvidence = field(default_factory=lambda: TrajectoryEvidence(()))
     """The item's evidence spans the trajectory has shown, counted in each call's prompt."""
+    answers: StepAnswers = field(default_factory=StepAnswers)
+    """A teacher-forced episode's: whether each step's prompt kept the values its reference
+    arguments take from tool results (engine.answers)."""
 
     def record(self, cell_id: str, run_id: str) -> EpisodeRecord:
         """The episodes.jsonl record of this episode (records.episodes owns the format)."""
@@ -254,6 +258,11 @@ class TeacherForcedLoop(EpisodeLoop):
         """One scored step's call; False when its prompt was over budget."""
         call, outcome = self._call(episode, send=self.score is not None)
         call.step = index + 1
+        # Over budget too: the prompt that would have been sent, as for its evidence.
+        mark = episode.answers.at_step(self.steps[index].action, episode.trajectory,
+                                       episode.last_prompt)
+        if mark is not None:
+            call.answer_kept, call.answer_unique = mark
         if outcome.violation:
             return False
         if outcome.completion is not None and self.score is not None:
@@ -267,7 +276,8 @@ class TeacherForcedLoop(EpisodeLoop):
 def fill_teacher_forced(row: CellRow, episode: Episode, checker: str) -> None:
     """A teacher-forced episode's row, after :func:`fill_row`: its steps and their scores
     (quality is the exact step accuracy, over the steps predicted; none in a model-free
-    sweep or over budget), and its evidence summed over its steps' prompts."""
+    sweep or over budget), its evidence summed over its steps' prompts, and whether they
+    kept the values the reference's arguments take from tool results (every step's)."""
     calls = episode.calls
     row.episode_mode = TEACHER_FORCED
     row.steps = len(calls)
@@ -282,6 +292,7 @@ def fill_teacher_forced(row: CellRow, episode: Episode, checker: str) -> None:
     shown = [call for call in calls if call.evidence_total]
     fill_retention(row, Retention(sum(c.evidence_total or 0 for c in shown),
                                   sum(c.evidence_kept or 0 for c in shown)) if shown else None)
+    episode.answers.fill(row)
 
 
 def fill_row(row: CellRow, episode: Episode) -> None:

@@ -30,7 +30,12 @@ from pytest_budgetbench.errors import (
     UnsupportedPython,
     first_missing,
 )
-from pytest_budgetbench.reports.gates.verdicts import RETENTION_GATE, VIOLATION_GATE, gate_specs
+from pytest_budgetbench.reports.gates.verdicts import (
+    ANSWER_GATE,
+    RETENTION_GATE,
+    VIOLATION_GATE,
+    gate_specs,
+)
 from pytest_budgetbench.settings.config import Settings, unswept_floor
 from pytest_budgetbench.sweep.cells import Cell, split_reference
 
@@ -117,6 +122,7 @@ def check_extras(
                       "under --budgetbench-tokenizer=auto)", _EMBEDDED_NEEDS))
     for flag, value in (("--budgetbench-max-violation-rate", settings.max_violation_rate),
                         ("--budgetbench-min-retention", settings.min_retention),
+                        ("--budgetbench-min-answer-kept", settings.min_answer_kept),
                         ("--budgetbench-baseline", settings.baseline)):
         if value is not None:
             needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
@@ -156,14 +162,14 @@ def _check_reference(settings: Settings, strategies: set[str]) -> None:
 
 
 def _check_gates_judge_something(settings: Settings, references: Mapping[str, bool]) -> None:
-    """A violation-rate or retention gate that no strategy@budget of the sweep falls under
+    """A violation-rate or floor gate that no strategy@budget of the sweep falls under
     (every strategy a reference, none given its own floor) would pass having judged
     nothing."""
-    unswept = unswept_floor(settings.min_retention or {},
-                            (f"{name}@{budget}" for name in references
-                             for budget in settings.budgets))
-    if unswept:
-        raise ConfigError(unswept)
+    cells = [f"{name}@{budget}" for name in references for budget in settings.budgets]
+    for flag, floors in _floors(settings):
+        unswept = unswept_floor(floors, cells, flag)
+        if unswept:
+            raise ConfigError(unswept)
     kinds = {gate.kind for gate in gate_specs(references, settings)}
     names = ", ".join(references)
     if settings.max_violation_rate is not None and VIOLATION_GATE not in kinds:
@@ -171,12 +177,20 @@ def _check_gates_judge_something(settings: Settings, references: Mapping[str, bo
             f"--budgetbench-max-violation-rate={settings.max_violation_rate:g} judges "
             f"nothing: every strategy of the sweep ({names}) is a reference, which may go "
             "over budget; add the strategies the gate is for")
-    if settings.min_retention and RETENTION_GATE not in kinds:
-        example = f"{next(iter(references))}@{settings.budgets[-1]}=0.9"
-        raise ConfigError(
-            f"--budgetbench-min-retention judges nothing: every strategy of the sweep "
-            f"({names}) is a reference, which has a floor only when named (e.g. "
-            f"--budgetbench-min-retention={example}); name it or add the strategies to gate")
+    for (flag, floors), kind in zip(_floors(settings), (RETENTION_GATE, ANSWER_GATE),
+                                    strict=True):
+        if floors and kind not in kinds:
+            example = f"{next(iter(references))}@{settings.budgets[-1]}=0.9"
+            raise ConfigError(
+                f"{flag} judges nothing: every strategy of the sweep ({names}) is a "
+                f"reference, which has a floor only when named (e.g. {flag}={example}); name "
+                "it or add the strategies to gate")
+
+
+def _floors(settings: Settings) -> tuple[tuple[str, Mapping[str, float]], ...]:
+    """The floor gates' flags and floors (empty where not given): retention, answer kept."""
+    return (("--budgetbench-min-retention", settings.min_retention or {}),
+            ("--budgetbench-min-answer-kept", settings.min_answer_kept or {}))
 
 
 def _check_grader_variants(settings: Settings, tasks: Mapping[str, type[Task]]) -> None:
@@ -261,19 +275,28 @@ def check_sweep(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None
 
 
 def _check_retention_floors(settings: Settings, catalog: Catalog, cells: list[Cell]) -> None:
-    """A retention floor judges evidence: an entry for a strategy@budget the sweep does not
-    run, or a sweep whose items declare none, would be a gate over nothing."""
-    if not settings.min_retention:
-        return
-    unswept = unswept_floor(settings.min_retention, (
-        f"{cell.strategy_label}@{cell.budget}" for cell in cells))
-    if unswept:
-        raise ConfigError(unswept)
-    if not any(item.evidence for name in catalog.names for item in catalog.items(name)):
+    """A retention floor judges evidence, an answer-kept floor the gold answers the evidence
+    holds: an entry for a strategy@budget the sweep does not run, or a sweep whose items
+    have none, would be a gate over nothing."""
+    swept = [f"{cell.strategy_label}@{cell.budget}" for cell in cells]
+    for flag, floors in _floors(settings):
+        unswept = unswept_floor(floors, swept, flag)
+        if unswept:
+            raise ConfigError(unswept)
+    tasks = ", ".join(catalog.names)
+    if settings.min_retention and not any(
+            item.evidence for name in catalog.names for item in catalog.items(name)):
         raise ConfigError(
-            f"--budgetbench-min-retention: no item of the sweep's tasks "
-            f"({', '.join(catalog.names)}) declares evidence, so there is no retention to "
-            "gate on; declare evidence (docs/reports.md, Evidence retention) or drop the floor")
+            f"--budgetbench-min-retention: no item of the sweep's tasks ({tasks}) declares "
+            "evidence, so there is no retention to gate on; declare evidence "
+            "(docs/reports.md, Evidence retention) or drop the floor")
+    if settings.min_answer_kept and not any(
+            catalog.answers(name, index) is not None
+            for name in catalog.names for index in range(len(catalog.items(name)))):
+        raise ConfigError(
+            f"--budgetbench-min-answer-kept: no item of the sweep's tasks ({tasks}) has a "
+            "gold answer that its evidence holds, so there is no answer kept to gate on "
+            "(docs/reports.md, Answer kept); drop the floor or gate on a task that has")
 
 
 def _check_episode_mode(settings: Settings, catalog: Catalog) -> None:

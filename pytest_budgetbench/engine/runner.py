@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from pytest_budgetbench.engine.answers import fill_answer
 from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
 from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
@@ -229,6 +230,7 @@ class Runner:
         # On the prompt as sent (or, over budget, as it would have been): the strategy's.
         spans = spans_kept(item.evidence, prompt)
         fill_retention(row, tally(spans))
+        fill_answer(row, self.catalog.answers(cell.task, cell.item_index), prompt)
         self._audit(cell, sha, prompt, spans or None)
         outcome = budgeted_call(
             CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,

@@ -77,6 +77,12 @@ class CallRecord:
     """Of those, the spans this call's prompt held verbatim (engine.evidence)."""
     evidence: list[list[Any]] | None = None
     """Those spans, each ``[span, kept]`` (the viewer marks them); None as the counts."""
+    answer_kept: bool | None = field(default=None, metadata={_PAGE: "ak"})
+    """A teacher-forced call's: whether its prompt held the values of the reference step's
+    arguments that the trajectory's tool results had shown (engine.answers); None where
+    they had shown none, or in a free-running episode."""
+    answer_unique: bool | None = field(default=None, metadata={_PAGE: "au"})
+    """Whether those values occur in the trajectory only in tool results."""
     step: int | None = field(default=None, metadata={_PAGE: "sp"})
     """A teacher-forced call's reference step (1-based, of all the reference's steps)."""
     predicted: Message | None = None

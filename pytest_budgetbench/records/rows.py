@@ -160,10 +160,11 @@ class CellRow(Mapping[str, Any]):
     # What rewriting keeps without an answering model (schema 6, issue 40): of an item whose
     # gold answer, normalised as its grader normalises, occurs in its evidence, whether the
     # prompt as sent holds it outside the question; null where it does not occur there.
-    answer_kept: bool | None = field(default=None, metadata=_about(page="ak"))
+    # A measure: the report reads it as 1/0 and averages it (engine.answers).
+    answer_kept: bool | None = field(default=None, metadata=_about(measure=True, page="ak"))
     # Whether that answer occurs in the history only inside the evidence (no echo in an
     # assistant reply, no coincidence of a short answer elsewhere); null with answer_kept.
-    answer_unique: bool | None = field(default=None, metadata=_about(page="au"))
+    answer_unique: bool | None = field(default=None, metadata=_about(measure=True, page="au"))
 
     # -- the mapping face (read-only) -------------------------------------------------------
     def __getitem__(self, name: str) -> Any:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         register_report_extension,
     )
     from pytest_budgetbench.reports.gates.judging import (
+        answer_kept_gate,
         check_baseline_comparable,
         gate_verdict,
         regression_gate,
@@ -55,6 +56,7 @@ _EXPORTS = {
     "gate_verdict": "gates.judging",
     "regression_gate": "gates.judging",
     "retention_gate": "gates.judging",
+    "answer_kept_gate": "gates.judging",
     "check_baseline_comparable": "gates.judging",
     "ReportError": "load",
     "Prices": "tables",
@@ -70,6 +72,7 @@ __all__ = [
     "ReportError",
     "ReportExtension",
     "ReportSettings",
+    "answer_kept_gate",
     "build_report",
     "check_baseline_comparable",
     "compute_report",

@@ -317,12 +317,15 @@ def _view(report: Report) -> render.Document:
     sections = [
         ("Summary", "Quality is averaged over admitted items; violation rate is "
          "violations / (admitted + violations). Tokens, model latency and evidence retention "
-         "cover admitted prompts (retention, those whose item declares evidence).",
+         "cover admitted prompts (retention, those whose item declares evidence). Answer "
+         "kept is the share of admitted prompts that hold the gold answer outside the "
+         "question, over the items whose evidence holds it; (unique), over those whose "
+         "history holds it nowhere else.",
          render.view(report.summary, render.SUMMARY_VIEW)),
         ("Paired against the reference", "Deltas over items admitted and scored in both "
          "cells; excluded counts show the items each side lost, and the reference's "
-         "quality on the items this cell lost to violations. Retention is paired over the "
-         "items admitted in both whose item declares evidence (paired bootstrap).",
+         "quality on the items this cell lost to violations. Retention and answer kept are "
+         "paired over the items admitted in both that have them (paired bootstrap).",
          render.view(report.paired, render.PAIRED_VIEW)),
         ("Categories", "The same statistics per item category.",
          render.view(report.categories, render.CATEGORY_VIEW)),

@@ -120,6 +120,8 @@ SUMMARY_VIEW: tuple[Column, ...] = (
     Column("tokens mean / max", pair("tokens_mean", "tokens_max", num(1), integer)),
     col("utilisation", "utilisation_mean", percent),
     col("evidence retention", "evidence_retention_mean", num(3)),
+    col("answer kept", "answer_kept_mean", num(3)),
+    col("answer kept (unique)", "answer_kept_unique_mean", num(3)),
     col("name-only step accuracy", "name_accuracy_mean", num(3)),
     Column("strategy s p50 / p95", pair("strategy_s_p50", "strategy_s_p95", num(3))),
     Column("model s p50 / p95", pair("model_s_p50", "model_s_p95", num(3))),
@@ -146,6 +148,10 @@ PAIRED_VIEW: tuple[Column, ...] = (
     col("ref retention", "ref_retention", num(3)),
     Column("retention delta [95% CI]",
            interval("retention_delta", "retention_delta_lo", "retention_delta_hi")),
+    col("answer kept", "answer_kept", num(3)),
+    col("ref answer kept", "ref_answer_kept", num(3)),
+    Column("answer kept delta [95% CI]",
+           interval("answer_kept_delta", "answer_kept_delta_lo", "answer_kept_delta_hi")),
 )
 
 CATEGORY_VIEW: tuple[Column, ...] = (
@@ -161,6 +167,9 @@ CATEGORY_VIEW: tuple[Column, ...] = (
     col("evidence retention", "evidence_retention_mean", num(3)),
     Column("retention delta vs reference",
            interval("retention_delta", "retention_delta_lo", "retention_delta_hi")),
+    col("answer kept", "answer_kept_mean", num(3)),
+    Column("answer kept delta vs reference",
+           interval("answer_kept_delta", "answer_kept_delta_lo", "answer_kept_delta_hi")),
 )
 
 

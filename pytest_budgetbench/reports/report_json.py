@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.errors import BaselineError
 from pytest_budgetbench.reports.gates.verdicts import violation_rate
-from pytest_budgetbench.reports.tables import ADMITTED, CELL, VIOLATION, key_values
+from pytest_budgetbench.reports.tables import (
+    ADMITTED,
+    CELL,
+    PAIRED_SHARES,
+    VIOLATION,
+    key_values,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,8 +47,9 @@ def records(table: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per cell, its items' ids, mean quality (null unless admitted and scored), evidence
-    retention (null unless admitted and declaring evidence) and status."""
+    """Per cell, its items' ids, mean quality (null unless admitted and scored), each share
+    of :data:`~.tables.PAIRED_SHARES` (evidence retention, answer kept: null unless admitted
+    and having one) and status."""
     cells = []
     for key, group in items.groupby(list(CELL), sort=True, observed=True):
         task, strategy, budget = key_values(key)
@@ -54,7 +61,8 @@ def item_cells(items: pd.DataFrame) -> list[dict[str, Any]]:
                 "reference": bool(group["reference"].any()),
                 "item_id": [str(i) for i in group["item_id"]],
                 "quality": [_clean(q) for q in group["quality"]],
-                "evidence_retention": [_clean(r) for r in group["evidence_retention"]],
+                **{field: [_clean(r) for r in group[field]]
+                   for field in PAIRED_SHARES.values()},
                 "status": [str(s) for s in group["status"]],
             }
         )
@@ -136,6 +144,9 @@ class CellRecord:
     retention: dict[str, float] = field(default_factory=dict)
     """item_id -> mean evidence retention, admitted items that declare evidence only (empty
     for a report written before retention was recorded)."""
+    answer_kept: dict[str, float] = field(default_factory=dict)
+    """item_id -> the share of its admitted repeats that kept its answer, items whose
+    evidence holds it only (empty for a report written before answer_kept was recorded)."""
 
     @property
     def violation_rate(self) -> float:
@@ -172,14 +183,6 @@ def cell_records(document: Mapping[str, Any]) -> dict[tuple[str, str, int], Cell
                                        strict=True)
             if q is not None and status == ADMITTED
         }
-        retention = {
-            str(item): float(r)
-            for item, r, status in zip(cell["item_id"],
-                                       cell.get("evidence_retention") or [None] * len(
-                                           cell["item_id"]),
-                                       cell["status"], strict=True)
-            if r is not None and status == ADMITTED
-        }
         summary = counts.get(key, {})
         n_violation = summary.get("n_violation")
         if n_violation is None:
@@ -188,5 +191,15 @@ def cell_records(document: Mapping[str, Any]) -> dict[tuple[str, str, int], Cell
         if n_ok is None:
             n_ok = sum(1 for s in cell["status"] if s == ADMITTED)
         cells[key] = CellRecord(quality, int(n_ok), int(n_violation), bool(cell["reference"]),
-                                retention)
+                                _admitted(cell, "evidence_retention"),
+                                _admitted(cell, "answer_kept"))
     return cells
+
+
+def _admitted(cell: Mapping[str, Any], field: str) -> dict[str, float]:
+    """item_id -> the cell's ``field`` list's value, admitted items with one only (none
+    where the report has no such list: written before the field was)."""
+    values = cell.get(field) or [None] * len(cell["item_id"])
+    return {str(item): float(value)
+            for item, value, status in zip(cell["item_id"], values, cell["status"], strict=True)
+            if value is not None and status == ADMITTED}

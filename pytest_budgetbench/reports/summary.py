@@ -13,7 +13,8 @@ What each statistic covers:
   order, and Wilson's for a 0/1 grader; both need numpy, and are None without it (the core
   install).
 - usage, over rows (every repeat is a real prompt): ``tokens_mean``, ``model_s_p50``,
-  ``evidence_retention_mean`` and ``name_accuracy_mean`` over admitted rows; an episode's
+  ``evidence_retention_mean``, ``answer_kept_mean`` and ``name_accuracy_mean`` over admitted
+  rows, and ``answer_kept_unique_mean`` over those whose ``answer_unique`` is true; an episode's
   ``calls_mean`` and ``total_tokens_mean`` over admitted and violating rows (a violating
   episode made its earlier calls). A missing value is left out.
 
@@ -43,6 +44,7 @@ CELL: tuple[str, ...] = ("task", "strategy", "budget")
 ADMITTED_MEASURES: dict[str, str] = {
     "tokens_mean": "counted_tokens",
     "evidence_retention_mean": "evidence_retention",
+    "answer_kept_mean": "answer_kept",
     "name_accuracy_mean": "name_accuracy",
 }
 """Statistic -> the row field it is the mean of, over admitted rows."""
@@ -52,8 +54,10 @@ RAN_MEASURES: dict[str, str] = {
 }
 """Statistic -> the row field it is the mean of, over admitted and violating rows."""
 FIELDS: tuple[str, ...] = ("item_id", "repeat", "status", "reference", "quality", "model_s",
-                           *ADMITTED_MEASURES.values(), *RAN_MEASURES.values())
+                           *ADMITTED_MEASURES.values(), *RAN_MEASURES.values(), "answer_unique")
 """The row fields :func:`summarise` reads, besides the keys."""
+FLAGS: tuple[str, ...] = ("answer_kept", "answer_unique")
+"""Row fields that are true or false: the statistics read them as 1 and 0."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class CellSummary:
     evidence_retention_mean: float | None
     """The share of their items' evidence the prompts as sent kept verbatim (None where no
     item declares evidence)."""
+    answer_kept_mean: float | None
+    """The share of prompts that kept their item's gold answer outside the question, over
+    the items whose evidence holds it (engine.answers; None where none does)."""
+    answer_kept_unique_mean: float | None
+    """The same over the items whose answer the history holds only in the evidence (no
+    echo, no coincidence): there a kept answer is kept evidence."""
     name_accuracy_mean: float | None
     """A teacher-forced episode's name-only step accuracy (its quality is the exact one);
     None where no cell is teacher-forced."""
@@ -164,6 +174,10 @@ def summarise(columns: Mapping[str, Sequence[Any]], keys: Sequence[str] = CELL, 
         usage[name] = [_mean(v) for v in _present_values(columns[field], admitted)]
     for name, field in RAN_MEASURES.items():
         usage[name] = [_mean(v) for v in _present_values(columns[field], ran)]
+    unique_kept = [kept if unique == 1 else None
+                   for kept, unique in zip(columns["answer_kept"], columns["answer_unique"],
+                                           strict=True)]
+    usage["answer_kept_unique_mean"] = [_mean(v) for v in _present_values(unique_kept, admitted)]
     model_s = [statistics.median(v) if v else None
                for v in _present_values(columns["model_s"], admitted)]
     items = _items(codes, columns, admitted)
@@ -189,6 +203,8 @@ def summarise(columns: Mapping[str, Sequence[Any]], keys: Sequence[str] = CELL, 
             calls_mean=usage["calls_mean"][code],
             total_tokens_mean=usage["total_tokens_mean"][code],
             evidence_retention_mean=usage["evidence_retention_mean"][code],
+            answer_kept_mean=usage["answer_kept_mean"][code],
+            answer_kept_unique_mean=usage["answer_kept_unique_mean"][code],
             name_accuracy_mean=usage["name_accuracy_mean"][code],
         ))
     return sorted(summaries, key=lambda s: tuple(s.key.values()))
@@ -326,9 +342,11 @@ def row_columns(rows: Iterable[Mapping[str, Any]], keys: Sequence[str] = CELL
                 ) -> dict[str, list[Any]]:
     """cells.jsonl rows (one per cell) as :func:`summarise`'s columns, typed as the report's
     reader types them: ids as text, the budget and repeat as integers, a missing status as
-    an error, numbers as floats (anything else missing), and quality on admitted rows only."""
+    an error, numbers as floats (:data:`FLAGS` as 1.0 and 0.0, anything else missing), and
+    quality on admitted rows only."""
     columns: dict[str, list[Any]] = {name: [] for name in (*keys, *FIELDS)}
-    numbers = ("model_s", *ADMITTED_MEASURES.values(), *RAN_MEASURES.values())
+    numbers = [name for name in ("model_s", *ADMITTED_MEASURES.values(),
+                                 *RAN_MEASURES.values()) if name not in FLAGS]
     for row in rows:
         status = str(row.get("status") or Status.ERROR)
         for name in keys:
@@ -340,6 +358,9 @@ def row_columns(rows: Iterable[Mapping[str, Any]], keys: Sequence[str] = CELL
         columns["quality"].append(_number(row.get("quality")) if status == Status.OK else None)
         for name in numbers:
             columns[name].append(_number(row.get(name)))
+        for name in FLAGS:
+            flag = row.get(name)
+            columns[name].append(float(flag) if isinstance(flag, bool) else None)
     return columns
 
 

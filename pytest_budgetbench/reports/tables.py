@@ -131,8 +131,8 @@ def _default_reference_strategy(task_items: pd.DataFrame) -> str | None:
 # -- items ----------------------------------------------------------------------------------
 def item_table(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per task, strategy, budget and item: repeats merged, quality averaged over
-    the admitted, scored repeats, and evidence retention over the admitted repeats (null
-    where the item declares no evidence)."""
+    the admitted, scored repeats, and each paired share (:data:`PAIRED_SHARES`: evidence
+    retention, answer kept) over the admitted repeats (null where the item has none)."""
     import pandas as pd
 
     keys = [*CELL, "item_id"]
@@ -140,7 +140,8 @@ def item_table(rows: pd.DataFrame) -> pd.DataFrame:
     for status in (ADMITTED, VIOLATION, ERROR):
         flags[f"n_{status}"] = (rows["status"] == status).astype("int64")
     flags["quality"] = rows["quality"]
-    flags["evidence_retention"] = rows["evidence_retention"].where(rows["status"] == ADMITTED)
+    for field in PAIRED_SHARES.values():
+        flags[field] = rows[field].where(rows["status"] == ADMITTED)
     flags["category"] = rows["category"]
     flags["reference"] = rows["reference"]
     grouped = flags.groupby(keys, sort=True, observed=True)
@@ -152,7 +153,7 @@ def item_table(rows: pd.DataFrame) -> pd.DataFrame:
         n_violation=("n_violation", "sum"),
         n_error=("n_error", "sum"),
         quality=("quality", "mean"),
-        evidence_retention=("evidence_retention", "mean"),
+        **{field: (field, "mean") for field in PAIRED_SHARES.values()},
     ).reset_index()
     # Indices into one array of the three statuses: a million items share three strings.
     statuses = np.array([ADMITTED, VIOLATION, ERROR], dtype=object)
@@ -243,6 +244,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "prefix_reuse_mean",
     "evidence_retention_mean",
     "name_accuracy_mean",
+    "answer_kept_mean",
+    "answer_kept_unique_mean",
 )
 
 
@@ -324,10 +327,24 @@ def _price_columns(rows: pd.DataFrame, prices: PriceTable | None) -> tuple[Any, 
 
 
 # -- paired ---------------------------------------------------------------------------------
-RETENTION_COLUMNS: tuple[str, ...] = ("retention", "ref_retention", "retention_delta",
-                                      "retention_delta_lo", "retention_delta_hi")
-"""The paired change of evidence retention (:func:`_retention_pair`), at paired.csv's end:
-empty where no item admitted in both has retention on both sides."""
+PAIRED_SHARES: dict[str, str] = {
+    "retention": "evidence_retention",
+    "answer_kept": "answer_kept",
+}
+"""The model-free shares paired against the reference beside quality, by the name of their
+paired columns: the row field each is the item mean of (over admitted repeats)."""
+
+
+def share_columns(name: str) -> tuple[str, ...]:
+    """The paired columns of one share (:func:`_share_pair`): the cell's mean, the
+    reference's, their change and its interval."""
+    return (name, f"ref_{name}", f"{name}_delta", f"{name}_delta_lo", f"{name}_delta_hi")
+
+
+SHARE_COLUMNS: tuple[str, ...] = tuple(column for name in PAIRED_SHARES
+                                       for column in share_columns(name))
+"""The paired changes of evidence retention and answer kept, at paired.csv's end: empty
+where no item admitted in both has the share on both sides."""
 
 PAIRED_COLUMNS: tuple[str, ...] = (
     "ref_strategy",
@@ -341,7 +358,7 @@ PAIRED_COLUMNS: tuple[str, ...] = (
     "ref_excluded_violation",
     "excluded_other",
     "ref_quality_of_excluded",
-    *RETENTION_COLUMNS,
+    *SHARE_COLUMNS,
 )
 
 
@@ -357,43 +374,42 @@ def paired_table(
     in both: the change with its interval, for a 0/1 grader McNemar's flips and p, and the
     smallest drop the cell could detect (:func:`~.stats.paired_changes`). Exclusion counts
     show what the pairing dropped and why, and the reference's quality on the items the
-    cell lost to violations shows whether they were easy ones. The change of evidence
-    retention is paired the same way, over the items admitted in both with retention on
-    both sides, with a paired-bootstrap interval (retention is a share, not a 0/1 score)."""
+    cell lost to violations shows whether they were easy ones. The change of each share of
+    :data:`PAIRED_SHARES` (evidence retention, answer kept) is paired the same way, over the
+    items admitted in both with the share on both sides, with a paired-bootstrap interval
+    (a share is not a 0/1 score)."""
     import pandas as pd
 
     keys = list(keys)
     records = []
     samples: list[tuple[np.ndarray, np.ndarray, np.random.Generator]] = []
-    retention_samples: list[tuple[np.ndarray, np.random.Generator]] = []
+    share_samples: dict[str, list[tuple[np.ndarray, np.random.Generator]]] = {
+        name: [] for name in PAIRED_SHARES}
     for _task, task_items in items.groupby("task", sort=True, observed=True):
         resolved = reference.resolve(task_items)
         if resolved is None:
             continue
         ref_strategy, ref_budget = resolved
         is_ref = (task_items["strategy"] == ref_strategy) & (task_items["budget"] == ref_budget)
-        ref = task_items.loc[is_ref, ["item_id", "status", "quality", "evidence_retention"]
-                             ].rename(columns={"status": "ref_status", "quality": "ref_quality",
-                                               "evidence_retention": "ref_evidence_retention"})
+        shares = list(PAIRED_SHARES.values())
+        ref = task_items.loc[is_ref, ["item_id", "status", "quality", *shares]].rename(
+            columns={"status": "ref_status", "quality": "ref_quality",
+                     **{field: f"ref_{field}" for field in shares}})
         others = task_items.loc[~is_ref]
         merged = others.merge(ref, on="item_id", how="left")
         for key, group in merged.groupby(keys, sort=True, observed=True):
             values = key_values(key)
             pair, scores, ref_scores = _pair(group)
-            retention, differences = _retention_pair(group)
-            records.append(
-                {
-                    **dict(zip(keys, values, strict=True)),
-                    "ref_strategy": ref_strategy,
-                    "ref_budget": ref_budget,
-                    **pair,
-                    **retention,
-                }
-            )
+            record = {**dict(zip(keys, values, strict=True)), "ref_strategy": ref_strategy,
+                      "ref_budget": ref_budget, **pair}
+            for name, field in PAIRED_SHARES.items():
+                means, differences = _share_pair(group, name, field)
+                record.update(means)
+                share_samples[name].append(
+                    (differences, cell_rng(seed, name, ref_strategy, ref_budget, *values)))
+            records.append(record)
             samples.append((scores, ref_scores,
                             cell_rng(seed, "paired", ref_strategy, ref_budget, *values)))
-            retention_samples.append(
-                (differences, cell_rng(seed, "retention", ref_strategy, ref_budget, *values)))
     if not records:
         return _empty(PAIRED_COLUMNS, keys)
     # Every cell's change at once: the bootstraps run in parallel (stats.paired_changes).
@@ -401,9 +417,10 @@ def paired_table(
                               strict=True):
         record.update(change.columns())
     # Resampling the per-item differences is the paired bootstrap; no pair, no interval.
-    for record, (lo, hi) in zip(records, bootstrap_cis(retention_samples, resamples=resamples),
-                                strict=True):
-        record.update(retention_delta_lo=lo, retention_delta_hi=hi)
+    for name, share in share_samples.items():
+        for record, (lo, hi) in zip(records, bootstrap_cis(share, resamples=resamples),
+                                    strict=True):
+            record.update({f"{name}_delta_lo": lo, f"{name}_delta_hi": hi})
     return with_optional_counts(pd.DataFrame.from_records(records), records)[
         [*keys, *PAIRED_COLUMNS]]
 
@@ -446,18 +463,20 @@ def _pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     }, scores, ref_scores
 
 
-def _retention_pair(group: pd.DataFrame) -> tuple[dict[str, Any], np.ndarray]:
-    """A cell's mean evidence retention and the reference's over the items both admitted
-    with retention (an item's is null unless admitted and declaring evidence), their mean
-    change, and the per-item differences its interval is resampled from."""
-    both = group["evidence_retention"].notna() & group["ref_evidence_retention"].notna()
-    kept = group.loc[both, "evidence_retention"].to_numpy(dtype=np.float64)
-    ref_kept = group.loc[both, "ref_evidence_retention"].to_numpy(dtype=np.float64)
+def _share_pair(group: pd.DataFrame, name: str, field: str
+                ) -> tuple[dict[str, Any], np.ndarray]:
+    """A cell's mean of the share ``field`` (evidence retention, answer kept) and the
+    reference's over the items both admitted with the share (an item's is null unless
+    admitted and having one), their mean change, named ``name``, and the per-item
+    differences its interval is resampled from."""
+    both = group[field].notna() & group[f"ref_{field}"].notna()
+    kept = group.loc[both, field].to_numpy(dtype=np.float64)
+    ref_kept = group.loc[both, f"ref_{field}"].to_numpy(dtype=np.float64)
     differences = kept - ref_kept
     return {
-        "retention": float(kept.mean()) if kept.size else math.nan,
-        "ref_retention": float(ref_kept.mean()) if ref_kept.size else math.nan,
-        "retention_delta": float(differences.mean()) if differences.size else math.nan,
+        name: float(kept.mean()) if kept.size else math.nan,
+        f"ref_{name}": float(ref_kept.mean()) if ref_kept.size else math.nan,
+        f"{name}_delta": float(differences.mean()) if differences.size else math.nan,
     }, differences
 
 
@@ -481,13 +500,13 @@ def category_table(
     seed: int,
     prices: PriceTable | None = None,
 ) -> pd.DataFrame:
-    """The summary statistics per category, with the paired deltas of quality and of
-    evidence retention against the reference."""
+    """The summary statistics per category, with the paired deltas of quality and of each
+    share (evidence retention, answer kept) against the reference."""
     keys = list(CATEGORY_CELL)
     summary = summary_table(rows, keys, resamples=resamples, seed=seed, prices=prices)
     paired = paired_table(items, reference, keys, resamples=resamples, seed=seed)
     paired = paired[[*keys, "n_paired", "delta", "delta_lo", "delta_hi",
-                     "retention_delta", "retention_delta_lo", "retention_delta_hi"]]
+                     *(column for name in PAIRED_SHARES for column in share_columns(name)[2:])]]
     return summary.merge(paired, on=keys, how="left")
 
 

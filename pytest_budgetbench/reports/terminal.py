@@ -54,9 +54,13 @@ def format_table(stats: list[CellSummary]) -> list[str]:
     ``tokens`` is then an episode's largest call, the one the budget bounds). The last
     column, ``retention``, is the mean share of the items' evidence the prompts kept
     verbatim ("-" where no item declares evidence). Teacher-forced episodes add ``name
-    acc.``, the name-only step accuracy beside quality's exact one."""
+    acc.``, the name-only step accuracy beside quality's exact one. Tasks that give their
+    gold answers add ``ans.kept``, the share of prompts that kept the answer outside the
+    question where the evidence holds it, and ``unique``, the same over the items whose
+    answer the history holds only in the evidence."""
     episodes = any(s.calls_mean is not None for s in stats)
     forced = any(s.name_accuracy_mean is not None for s in stats)
+    answers = any(s.answer_kept_mean is not None for s in stats)
     header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
               f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
               f"{'errors':>6}")
@@ -65,6 +69,8 @@ def format_table(stats: list[CellSummary]) -> list[str]:
     if forced:
         header += f" {'name acc.':>9}"
     header += f" {'retention':>9}"
+    if answers:
+        header += f" {'ans.kept':>8} {'unique':>6}"
     lines = [header, "-" * len(header)]
     for s in stats:
         name = s.strategy + (" (ref)" if s.reference else "")
@@ -78,6 +84,9 @@ def format_table(stats: list[CellSummary]) -> list[str]:
         if forced:
             line += f" {_fmt(s.name_accuracy_mean, '.3f'):>9}"
         line += f" {_fmt(s.evidence_retention_mean, '.3f'):>9}"
+        if answers:
+            line += (f" {_fmt(s.answer_kept_mean, '.3f'):>8}"
+                     f" {_fmt(s.answer_kept_unique_mean, '.3f'):>6}")
         lines.append(line)
     return lines
 

@@ -236,6 +236,9 @@
     // Evidence spans the prompt held verbatim (an episode's: its last call's).
     fact("evidence kept", row.et !== undefined ? row.ek + " of " + row.et + (row.er !== undefined
       ? " (" + (100 * row.er).toFixed(1) + "%)" : "") : "");
+    // The gold answer (as the grader normalises it) outside the question, where the
+    // evidence holds it; "not unique" where the history holds it elsewhere too.
+    fact("answer kept", answerKept(row.ak, row.au));
     fact("strategy s", fmt(row.ss, 3));
     fact("model s", fmt(row.ms, 3) + (row.ca ? " (cached)" : ""));
     if (row.aux) {
@@ -438,6 +441,13 @@
     return wrap;
   }
 
+  // answer_kept and answer_unique as words ("" where the row has none).
+  function answerKept(kept, unique) {
+    if (kept === undefined) { return ""; }
+    return (kept ? "yes" : "no") + (unique === false ? " (not unique: the history holds it "
+      + "outside the evidence too)" : "");
+  }
+
   // One call: the prompt as sent (trajectory messages kept, the strategy's new ones), the
   // trajectory messages it dropped, its counted tokens against the budget.
   function step(item, call, row, budget) {
@@ -458,6 +468,7 @@
       call.ms !== undefined ? fmt(call.ms, 3) + " s" : "",
       call.nt !== undefined ? call.nt + " tools" : "",
       call.et !== undefined ? "evidence kept " + call.ek + " of " + call.et : "",
+      call.ak !== undefined ? "answer kept: " + answerKept(call.ak, call.au) : "",
       "made after " + call.seen + " trajectory messages"].filter(Boolean).join(" · ")));
     if (call.ev) { details.appendChild(evidence(call.ev)); }  // spans shown by this call
     call.p.forEach(function (i, at) {

@@ -155,8 +155,19 @@ to its budget, and its evidence retention recorded; nothing is sent and no serve
 
 
 def parse_retention_floors(raw: str) -> dict[str, float]:
-    """``R`` (every non-reference strategy@budget) and/or ``STRATEGY@BUDGET=R`` entries,
-    comma-separated -> {"": R, "truncation@2048": R, ...}; "" is the floor for the rest."""
+    """--budgetbench-min-retention's floors (:func:`parse_floors`)."""
+    return parse_floors(raw, "--budgetbench-min-retention")
+
+
+def parse_answer_floors(raw: str) -> dict[str, float]:
+    """--budgetbench-min-answer-kept's floors (:func:`parse_floors`)."""
+    return parse_floors(raw, "--budgetbench-min-answer-kept")
+
+
+def parse_floors(raw: str, flag: str) -> dict[str, float]:
+    """A floor gate's value, given by ``flag``: ``R`` (every non-reference strategy@budget)
+    and/or ``STRATEGY@BUDGET=R`` entries, comma-separated -> {"": R, "truncation@2048": R,
+    ...}; "" is the floor for the rest."""
     from pytest_budgetbench.options import rate
 
     floors: list[tuple[str, float]] = []
@@ -171,23 +182,23 @@ def parse_retention_floors(raw: str) -> dict[str, float]:
             floor = None
         if floor is None:
             raise ConfigError(
-                "--budgetbench-min-retention must be a floor R between 0 and 1 for every "
+                f"{flag} must be a floor R between 0 and 1 for every "
                 "non-reference strategy@budget, and/or STRATEGY@BUDGET=R entries, "
-                "comma-separated, e.g. --budgetbench-min-retention=0.9,truncation@2048=0.5 "
+                f"comma-separated, e.g. {flag}=0.9,truncation@2048=0.5 "
                 f"(got {part!r} in {raw!r})")
         floors.append((f"{strategy.strip()}@{int(budget)}" if eq else "", floor))
-    return keyed("--budgetbench-min-retention", raw, floors, named=_floor_named)
+    return keyed(flag, raw, floors, named=_floor_named)
 
 
 def _floor_named(key: str) -> str:
     return repr(key) if key else "the floor of every non-reference strategy@budget"
 
 
-def retention_floor(floors: Mapping[str, float], strategy: str, budget: int,
-                    reference: bool) -> float | None:
-    """The floor of ``strategy@budget`` among ``floors`` (:func:`parse_retention_floors`),
-    None for no retention gate: its own entry, else the floor of every non-reference
-    strategy@budget (a reference, e.g. full_context, has a floor only when named)."""
+def cell_floor(floors: Mapping[str, float], strategy: str, budget: int,
+               reference: bool) -> float | None:
+    """The floor of ``strategy@budget`` among ``floors`` (:func:`parse_floors`), None for
+    no floor gate: its own entry, else the floor of every non-reference strategy@budget (a
+    reference, e.g. full_context, has a floor only when named)."""
     own = floors.get(f"{strategy}@{budget}")
     return own if own is not None or reference else floors.get("")
 
@@ -294,6 +305,8 @@ class Settings:
     min_retention: dict[str, float] | None = None
     """Retention floors (:func:`parse_retention_floors`): "" for every non-reference
     strategy@budget, ``strategy@budget`` for one."""
+    min_answer_kept: dict[str, float] | None = None
+    """Answer-kept floors (:func:`parse_answer_floors`), keyed as the retention floors."""
     timeout: float = 300.0
     strategy_timeout: float = 600.0
     retries: int = 3
@@ -354,8 +367,12 @@ class Settings:
         return self.model == MODEL_FREE
 
     def retention_floor(self, strategy: str, budget: int, reference: bool) -> float | None:
-        """The retention floor of ``strategy@budget`` (:func:`retention_floor`)."""
-        return retention_floor(self.min_retention or {}, strategy, budget, reference)
+        """The retention floor of ``strategy@budget`` (:func:`cell_floor`)."""
+        return cell_floor(self.min_retention or {}, strategy, budget, reference)
+
+    def answer_kept_floor(self, strategy: str, budget: int, reference: bool) -> float | None:
+        """The answer-kept floor of ``strategy@budget`` (:func:`cell_floor`)."""
+        return cell_floor(self.min_answer_kept or {}, strategy, budget, reference)
 
     @property
     def parallel_cells(self) -> int:
@@ -490,6 +507,10 @@ OPTIONS: tuple[Option, ...] = (
     _core("min_retention", "fail the session when a non-reference strategy@budget's mean "
           "evidence retention (admitted prompts) is below R; STRATEGY@BUDGET=R sets one "
           "cell's floor", parse_retention_floors, metavar="R|STRATEGY@BUDGET=R,..."),
+    _core("min_answer_kept", "fail the session when a non-reference strategy@budget's share "
+          "of admitted prompts that kept the gold answer (over the items whose evidence "
+          "holds it) is below R; STRATEGY@BUDGET=R sets one cell's floor",
+          parse_answer_floors, metavar="R|STRATEGY@BUDGET=R,..."),
     _core("timeout", "seconds per model request", seconds),
     _core("strategy_timeout", "seconds a strategy's reset() and apply() may take on one "
           "cell, its auxiliary calls included; a strategy over it errors that cell and "

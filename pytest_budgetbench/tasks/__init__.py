@@ -10,6 +10,7 @@ from pytest_budgetbench.settings.task_grammar import TaskDefinition
 from pytest_budgetbench.tasks.base import (
     Environment,
     EpisodicTask,
+    GoldAnswers,
     Grade,
     Item,
     ReferenceStep,
@@ -18,8 +19,8 @@ from pytest_budgetbench.tasks.base import (
     TaskOptions,
 )
 
-__all__ = ["REGISTRY", "Environment", "EpisodicTask", "Grade", "Item", "ReferenceStep",
-           "StepScore", "Task", "TaskOptions",
+__all__ = ["REGISTRY", "Environment", "EpisodicTask", "GoldAnswers", "Grade", "Item",
+           "ReferenceStep", "StepScore", "Task", "TaskOptions",
            "resolve_task", "sweep_tasks"]
 
 REGISTRY: Registry[Task] = Registry(

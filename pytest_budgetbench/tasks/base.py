@@ -8,7 +8,7 @@ and names each item's category for splits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -64,6 +64,30 @@ class Grade:
     extracted: str
     grader: str
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GoldAnswers:
+    """What an item's grader looks for in a reply, as the grader normalises it: what the
+    runner looks for in the evidence, the history and the prompt to say whether a prompt
+    kept the answer (the row's ``answer_kept``, :mod:`pytest_budgetbench.engine.answers`).
+
+    A task gives them through :meth:`Task.gold_answers`, for the items whose grader
+    matches a gold string in the reply; an abstention, an adversarial or a yes/no question,
+    or a judged rubric gives None.
+    """
+
+    answers: tuple[str, ...]
+    """The gold strings, raw (each normalised with ``normalise`` before it is looked for)."""
+    normalise: Callable[[str], str]
+    """The grader's normalisation of a text (memory's ``normalise``, SQuAD's
+    ``normalize_answer``, LoCoMo's stemmed tokens...); a module-level function, so that
+    the runner can cache the texts it normalised."""
+    whole_words: bool = True
+    """An answer occurs as whole words of the normalised text (the graders that match
+    phrases), not as any substring (RULER's ``string_match_all``)."""
+    every: bool = False
+    """The grader needs every answer (needle's values), not any one (own data's list)."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +166,13 @@ class Task(ABC):
     @abstractmethod
     def grade(self, item: Item, prediction: str) -> Grade:
         """Grade the model's raw reply. An empty or missing answer is always wrong."""
+
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The strings ``item``'s grader looks for in a reply, with its normalisation
+        (:class:`GoldAnswers`), or None where it looks for none (the default: the row's
+        ``answer_kept`` stays null). Where one occurs in the item's evidence, the runner
+        records whether each prompt kept it outside the question."""
+        return None
 
     def export(
         self, item: Item, prediction: str, cell_id: str

@@ -38,7 +38,7 @@ from pytest_budgetbench.tasks._text import (
     short_answer,
     token_f1,
 )
-from pytest_budgetbench.tasks.base import Grade, Item
+from pytest_budgetbench.tasks.base import GoldAnswers, Grade, Item
 
 if TYPE_CHECKING:
     from pytest_budgetbench.model.backend import ChatBackend
@@ -83,6 +83,9 @@ SCORERS: dict[str, Callable[[str, Sequence[str]], Score]] = {
     "exact": _exact, "contains": _contains, "f1": _f1, "regex": _regex, "choice": _choice,
 }
 BUILT_IN = (*SCORERS, "numeric", "judge")
+TEXT_MATCHERS = frozenset({"exact", "contains", "f1"})
+"""The built-ins that look for a normalised gold answer in a reply: a prompt that holds
+the answer is what they need (:meth:`AnswerGrader.gold_answers`)."""
 
 
 # -- what a gold answer must look like, per grader (checked when the data loads) ----------
@@ -199,6 +202,13 @@ class AnswerGrader:
         else:
             return self._called(item, reply)
         return Grade(quality, extracted, self.grader_id, {"gold": list(golds)})
+
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The gold answers as a text-matching built-in (exact, contains, f1) reads them,
+        any one right; None for the others (:meth:`Task.gold_answers`)."""
+        if self.name not in TEXT_MATCHERS or not item.answer:
+            return None
+        return GoldAnswers(tuple(str(gold) for gold in item.answer), normalize_answer)
 
     def _numeric(self, reply: str, golds: Sequence[str]) -> Score:
         said = first_number(reply)

@@ -42,7 +42,7 @@ from pytest_budgetbench.tasks._text import (
     normalize_answer,
     token_f1,
 )
-from pytest_budgetbench.tasks.base import Grade, Item, Task
+from pytest_budgetbench.tasks.base import GoldAnswers, Grade, Item, Task
 
 OFFICIAL_FILES = ("hotpot_dev_distractor_v1.json",)
 FIELDS = ("_id", "question", "answer", "context")
@@ -103,6 +103,13 @@ class HotpotQATask(Task):
                                              if isinstance(fact, list) and fact}),
             },
         )
+
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The answer span, SQuAD-normalised as the F1 is; none for a yes/no answer, which
+        a comparison question derives and no paragraph states."""
+        if normalize_answer(str(item.answer)) in _SPECIAL:
+            return None
+        return GoldAnswers((str(item.answer),), normalize_answer)
 
     def grade(self, item: Item, prediction: str) -> Grade:
         extracted = prediction or ""

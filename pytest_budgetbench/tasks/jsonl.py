@@ -60,7 +60,7 @@ from pytest_budgetbench.tasks._data import (
     read_text,
     resolve_file,
 )
-from pytest_budgetbench.tasks.base import Grade, Item, Task, TaskOptions
+from pytest_budgetbench.tasks.base import GoldAnswers, Grade, Item, Task, TaskOptions
 from pytest_budgetbench.tasks.graders import (
     AnswerGrader,
     Tolerance,
@@ -315,6 +315,12 @@ class JsonlTask(Task):
         return str(value)
 
     # -- grading ---------------------------------------------------------------------------
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The gold answers, any one right, where the grader matches normalised text
+        (exact, contains, f1); None for one that reads a pattern, a letter, a number, a
+        judge's verdict or a callable's."""
+        return self.grader.gold_answers(item)
+
     def grade(self, item: Item, prediction: str) -> Grade:
         return self.grader.grade(item, prediction)
 

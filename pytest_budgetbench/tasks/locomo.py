@@ -60,7 +60,7 @@ from pytest_budgetbench.tasks._text import (
     stemmed_tokens,
     token_f1,
 )
-from pytest_budgetbench.tasks.base import Grade, Item, Task
+from pytest_budgetbench.tasks.base import GoldAnswers, Grade, Item, Task
 
 CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
                   5: "adversarial"}
@@ -109,6 +109,11 @@ def f1_multi(prediction: str, gold: str) -> float:
     predictions = [p.strip() for p in prediction.split(",")]
     golds = [g.strip() for g in gold.split(",")]
     return sum(max(f1_score(p, g) for p in predictions) for g in golds) / len(golds)
+
+
+def stemmed_text(text: str) -> str:
+    """A text as LoCoMo's F1 reads it: its normalised, Porter-stemmed tokens, joined."""
+    return " ".join(stemmed_tokens(text))
 
 
 def score(category: int, prediction: str, gold: str) -> float:
@@ -236,6 +241,22 @@ class LoCoMoTask(Task):
         return Item(item_id=item_id, messages=(*history, final), answer=answer,
                     category=CATEGORY_NAMES[category], meta=meta,
                     evidence=evidence_in_messages(named, history[1:]))
+
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The gold as :func:`score` reads it, in LoCoMo's normalisation (no punctuation,
+        no a/an/the/and, Porter stems): a multi-hop gold's comma-separated parts, every
+        one needed; an open-domain gold's part before ";"; none for an adversarial
+        question, whose answer is that the conversation does not say."""
+        category = int(item.meta["qa_category"])
+        gold = str(item.answer)
+        if category == 5:
+            return None
+        if category == 1:
+            parts = tuple(part.strip() for part in gold.split(",") if part.strip())
+            return GoldAnswers(parts, stemmed_text, every=True)
+        if category == 3:
+            gold = gold.split(";")[0].strip()
+        return GoldAnswers((gold,), stemmed_text)
 
     def grade(self, item: Item, prediction: str) -> Grade:
         reply = prediction or ""

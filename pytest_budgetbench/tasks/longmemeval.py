@@ -64,7 +64,7 @@ from pytest_budgetbench.tasks._text import (
     normalize_answer,
     says_unanswerable,
 )
-from pytest_budgetbench.tasks.base import Grade, Item, Task
+from pytest_budgetbench.tasks.base import GoldAnswers, Grade, Item, Task
 
 if TYPE_CHECKING:
     from pytest_budgetbench.model.backend import ChatBackend
@@ -177,6 +177,15 @@ class LongMemEvalTask(Task):
                 if turn.get("has_answer") is True]
 
     # -- grading --------------------------------------------------------------------------
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """The gold answer and its first clause, as the diagnostic looks for either
+        (normalised, number words as digits), whichever grader runs: the judge reads the
+        same answer. None for an abstention (nothing to find) and a preference question
+        (its answer is a rubric, not a phrase of the history)."""
+        if item.category in ("abstention", "single-session-preference"):
+            return None
+        return GoldAnswers(tuple(_gold_variants(str(item.answer))), _digits)
+
     def grade(self, item: Item, prediction: str) -> Grade:
         if self.options.judge is not None:
             return self._judge(self.options.judge, item, prediction or "")

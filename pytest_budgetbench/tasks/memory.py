@@ -34,7 +34,7 @@ from typing import Any
 
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.options import Option, choice
-from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
+from pytest_budgetbench.tasks.base import HISTORY_TOKENS, GoldAnswers, Grade, Item, Task
 
 CATEGORIES = (
     "single-session-fact",
@@ -257,6 +257,18 @@ class MemoryTask(Task):
         if reply:
             quality = float(self._correct(item, reply))
         return Grade(quality=quality, extracted=reply, grader=self.grader_version)
+
+    def gold_answers(self, item: Item) -> GoldAnswers | None:
+        """What :meth:`_correct` looks for: the new city of an update (the old one must be
+        absent, which no prompt can keep), the month and day of a date; none for an
+        abstention, whose "unknown" no history states."""
+        if item.category == "abstention":
+            return None
+        if item.category == "knowledge-update":
+            return GoldAnswers((str(item.answer["answer"]),), normalise)
+        if item.category == "temporal-reasoning":
+            return GoldAnswers((" ".join(str(item.answer).split(",")[0].split()),), normalise)
+        return GoldAnswers((str(item.answer),), normalise)
 
     @staticmethod
     def _correct(item: Item, reply: str) -> bool:

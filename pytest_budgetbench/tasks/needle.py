@@ -35,7 +35,7 @@ from pytest_budgetbench.tasks._text import (
     document_messages,
     evidence_in_messages,
 )
-from pytest_budgetbench.tasks.base import HISTORY_TOKENS, Grade, Item, Task
+from pytest_budgetbench.tasks.base import HISTORY_TOKENS, GoldAnswers, Grade, Item, Task
 
 DEPTHS = (0, 25, 50, 75, 100)
 NEEDLE_COUNTS = (1, 2, 4)
@@ -171,6 +171,12 @@ class NeedleTask(Task):
                   "haystack": "files" if sentences else "generated"},
             evidence=evidence,
         )
+
+    def gold_answers(self, item: Item) -> GoldAnswers:
+        """Every value, as :func:`string_match_all` looks for it: a case-insensitive
+        substring, all of them for a full score."""
+        return GoldAnswers(tuple(str(v) for v in item.answer), str.lower, whole_words=False,
+                           every=True)
 
     def grade(self, item: Item, prediction: str) -> Grade:
         golds = [str(v) for v in item.answer]

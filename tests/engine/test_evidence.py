@@ -219,9 +219,10 @@ def test_summary_csv_averages_retention_over_the_rows_that_have_it(tmp_path: Pat
     build_report([write_run(tmp_path / "run", rows)], tmp_path / "out", plots=False)
     csv = pd.read_csv(tmp_path / "out" / "summary.csv")
     # Appended at the end, so readers of the older columns by position keep them; then a
-    # teacher-forced episode's name-only step accuracy (empty here).
-    assert list(csv.columns)[-2:] == ["evidence_retention_mean", "name_accuracy_mean"] \
-        == list(tables.SUMMARY_COLUMNS[-2:])
+    # teacher-forced episode's name-only step accuracy (empty here), then answer kept.
+    assert list(csv.columns)[-4:] == ["evidence_retention_mean", "name_accuracy_mean",
+                                      "answer_kept_mean", "answer_kept_unique_mean"] \
+        == list(tables.SUMMARY_COLUMNS[-4:])
     assert csv["name_accuracy_mean"].isna().all()
     by_strategy = dict(zip(csv["strategy"], csv["evidence_retention_mean"], strict=True))
     assert by_strategy["truncation"] == pytest.approx(0.75)

@@ -325,7 +325,11 @@ def test_the_terminal_summary_reads_model_free_rows_without_the_report(
         tmp_path, "--budgets=2048,8192", "--budgetbench-tokenizer=approx",
         "--budgetbench-report=off", "--budgetbench-strategies=full_context,truncation"))
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    header = next(line for line in result.stdout.lines
+                  if "strategy" in line and "retention" in line).split()
     line = next(line for line in result.stdout.lines
-                if line.split()[:2] == ["truncation", "2048"])
+                if line.split()[:2] == ["truncation", "2048"]).split()
     kept = retention_by_cell(rows_of(tmp_path))[("truncation", 2048)]
-    assert line.split()[-1] == f"{kept:.3f}" and line.split()[-3] == "-"  # retention; model s
+    # retention, then answer kept (memory gives its gold answers); no model seconds.
+    assert header[-3:] == ["retention", "ans.kept", "unique"]
+    assert line[-3] == f"{kept:.3f}" and line[-5] == "-"

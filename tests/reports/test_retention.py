@@ -28,6 +28,9 @@ PAIRED_COLUMNS_BEFORE = [
 ]
 RETENTION_COLUMNS = ["retention", "ref_retention", "retention_delta", "retention_delta_lo",
                      "retention_delta_hi"]
+# After retention, answer kept's (issue 40, tests/reports/test_answer_kept.py).
+ANSWER_COLUMNS = ["answer_kept", "ref_answer_kept", "answer_kept_delta", "answer_kept_delta_lo",
+                  "answer_kept_delta_hi"]
 
 
 def evidence(kept: int | None, total: int = 2) -> dict[str, Any]:
@@ -93,8 +96,9 @@ def test_retention_delta_pairs_the_admitted_items_and_its_interval_excludes_zero
 def test_paired_csv_keeps_its_columns_and_adds_retention_at_the_end(tmp_path: Path) -> None:
     report = build(tmp_path, dropping_rows())
     header, lines = csv_rows(report.out_dir / "paired.csv")
-    assert header == PAIRED_COLUMNS_BEFORE + RETENTION_COLUMNS
-    assert list(tables.PAIRED_COLUMNS[-len(RETENTION_COLUMNS):]) == RETENTION_COLUMNS
+    assert header == PAIRED_COLUMNS_BEFORE + RETENTION_COLUMNS + ANSWER_COLUMNS
+    assert list(tables.PAIRED_COLUMNS[len(PAIRED_COLUMNS_BEFORE) - 3:]) == (
+        RETENTION_COLUMNS + ANSWER_COLUMNS)
     (line,) = lines
     assert float(line["retention_delta"]) == pytest.approx(-16 / 19)
     assert float(line["retention_delta_hi"]) < 0
@@ -109,7 +113,7 @@ def test_retention_columns_are_empty_where_no_item_declares_evidence(tmp_path: P
                              quality=float(i % 2)))
     report = build(tmp_path, rows)
     header, (line,) = csv_rows(report.out_dir / "paired.csv")
-    assert header == PAIRED_COLUMNS_BEFORE + RETENTION_COLUMNS
+    assert header == PAIRED_COLUMNS_BEFORE + RETENTION_COLUMNS + ANSWER_COLUMNS
     assert [line[c] for c in RETENTION_COLUMNS] == [""] * len(RETENTION_COLUMNS)
     assert float(line["delta"]) == pytest.approx(-0.5)  # quality still pairs
     _, categories = csv_rows(report.out_dir / "categories.csv")
@@ -133,7 +137,7 @@ def test_retention_pairs_only_items_with_retention_on_both_sides(tmp_path: Path)
 def test_categories_carry_retention_mean_and_delta(tmp_path: Path) -> None:
     report = build(tmp_path, dropping_rows())
     header, _ = csv_rows(report.out_dir / "categories.csv")
-    assert header[-3:] == ["retention_delta", "retention_delta_lo", "retention_delta_hi"]
+    assert header[-6:-3] == ["retention_delta", "retention_delta_lo", "retention_delta_hi"]
     assert header.index("evidence_retention_mean") < header.index("n_paired")
     early = only(report.categories, "trunc", category="early")
     late = only(report.categories, "trunc", category="late")

@@ -408,3 +408,29 @@ def test_the_viewer_marks_evidence_kept_or_dropped_and_highlights_kept_spans(
     dom = browse(old_report.paths["html"].resolve().as_uri() + "#item=memory%2Fitem00003")
     panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
     assert "item00003 turn 7: note 49" in panel and "bb-ev" not in panel
+
+
+def test_a_row_carries_answer_kept_to_the_page_and_an_episode_call_its_own(
+    tmp_path: Path,
+) -> None:
+    run, rows = sweep(tmp_path, items=2, answer_kept=False, answer_unique=False)
+    (item, *_rest) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    assert {(row["ak"], row["au"]) for row in item["rows"]} == {(False, False)}
+    run, rows = agent_run(tmp_path / "agent")
+    record = json.loads((run / EPISODES_FILE).read_text().splitlines()[-1])
+    record["calls"][1] |= {"answer_kept": True, "answer_unique": True}
+    (run / EPISODES_FILE).write_text(json.dumps(record) + "\n")
+    (item,) = viewer_data([Side("", [run])], cells_of(rows))["items"]
+    calls = next(row for row in item["rows"] if "ep" in row)["ep"]["calls"]
+    assert [(call.get("ak"), call.get("au")) for call in calls] == [
+        (None, None), (True, True), (None, None)]
+
+
+@needs_chromium
+def test_the_viewer_says_whether_a_prompt_kept_the_answer(tmp_path: Path) -> None:
+    run, _rows = sweep(tmp_path, items=2, answer_kept=False, answer_unique=False)
+    report = build_report([run], tmp_path / "out", resamples=100, plots=False)
+    dom = browse(report.paths["html"].resolve().as_uri() + "#item=memory%2Fitem00001")
+    panel = dom.split('<section id="bb-viewer"', 1)[1].split("</section>", 1)[0]
+    assert ("<dt>answer kept</dt><dd>no (not unique: the history holds it outside the "
+            "evidence too)</dd>") in panel

@@ -139,6 +139,8 @@ def test_name_lists_are_split_and_stripped() -> None:
         ("max_violation_rate", "1.5"),
         ("max_violation_rate", "-0.1"),
         ("max_violation_rate", "lots"),
+        ("min_answer_kept", "1.5"),
+        ("min_answer_kept", "truncation@x=0.5"),
         ("temperature", "-1"),
         ("rag_chunk", "0"),
         ("memory_history", "0"),
@@ -162,6 +164,8 @@ def test_bad_values_raise_config_error_naming_the_value(dest: str, raw: str) -> 
      "and 0: keep the one you mean"),
     ({"min_retention": "0.5,0"}, "--budgetbench-min-retention sets the floor of every "
      "non-reference strategy@budget twice with different values, 0.5 and 0"),
+    ({"min_answer_kept": "rag@2048=0.5,rag@2048=0.6"},
+     "--budgetbench-min-answer-kept sets 'rag@2048' twice with different values"),
     ({"task_options": "history_tokens=600,history_tokens=900"},
      "--budgetbench-task-options sets 'history_tokens' twice with different values"),
     ({"strategy_options": "rag_chunk=64,rag_chunk=128"},
@@ -189,6 +193,15 @@ def test_a_key_given_twice_with_the_same_value_is_taken_once() -> None:
                          "task_options": "history_tokens=600,history_tokens=600"})
     assert settings.min_retention == {"": 0.5, "truncation@2048": 0.2}
     assert settings.task_options == {"history_tokens": "600"}
+
+
+def test_an_answer_kept_floor_is_read_as_the_retention_floors_are() -> None:
+    settings = load(cli={"min_answer_kept": "0.6,rag@2048=0.8"})
+    assert settings.min_answer_kept == {"": 0.6, "rag@2048": 0.8}
+    assert settings.answer_kept_floor("rag", 2048, reference=False) == 0.8
+    assert settings.answer_kept_floor("truncation", 2048, reference=False) == 0.6
+    assert settings.answer_kept_floor("full_context", 2048, reference=True) is None
+    assert settings.retention_floor("rag", 2048, reference=False) is None  # its own flag
 
 
 def test_core_task_and_strategy_options_are_one_type() -> None:

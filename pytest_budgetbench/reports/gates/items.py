@@ -72,6 +72,7 @@ def judge(session: GateSession, gate: GateSpec, running_elsewhere: set[str]) -> 
         regression_test=settings.regression_test,
         baseline=Path(settings.baseline) if settings.baseline else None,
         min_retention=settings.retention_floor(gate.strategy, gate.budget, reference=False),
+        min_answer_kept=settings.answer_kept_floor(gate.strategy, gate.budget, reference=False),
     )
     if waiting:
         stalled = f"{len(waiting)} of its cells never recorded a row (a worker stopped?)"

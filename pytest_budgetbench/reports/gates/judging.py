@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_budgetbench.reports import report_json
 from pytest_budgetbench.reports.gates.verdicts import (
+    ANSWER_GATE,
     HARM,
     NONINFERIORITY,
     RATE_EPS,
@@ -84,11 +85,19 @@ def retention_gate(report: GatedReport, floor: Callable[[str, int, bool], float 
     return _gate_each_cell(report, RETENTION_GATE, floor)
 
 
+def answer_kept_gate(report: GatedReport, floor: Callable[[str, int, bool], float | None]
+                     ) -> list[str]:
+    """One line per strategy@budget whose pooled share of items that kept their answer is
+    below its floor (``floor(strategy, budget, reference)``), as :func:`gate_verdict`."""
+    return _gate_each_cell(report, ANSWER_GATE, floor)
+
+
+
 def _gate_each_cell(report: GatedReport, kind: str,
                     threshold: Callable[[str, int, bool], float | None]) -> list[str]:
     """:func:`gate_verdict`'s reason lines for each strategy@budget that
     ``threshold(strategy, budget, reference)`` gives a threshold (the maximum violation
-    rate or the retention floor, by ``kind``); one line when it gives none to any, since a
+    rate or a floor, by ``kind``); one line when it gives none to any, since a
     gate over nothing guards nothing."""
     summary = report.summary
     reasons: list[str] = []
@@ -102,7 +111,8 @@ def _gate_each_cell(report: GatedReport, kind: str,
             verdict = gate_verdict(
                 report, GateSpec(kind, str(strategy), int(budget)),
                 max_rate=value if kind == VIOLATION_GATE else None,
-                min_retention=value if kind == RETENTION_GATE else None)
+                min_retention=value if kind == RETENTION_GATE else None,
+                min_answer_kept=value if kind == ANSWER_GATE else None)
             reasons.extend(verdict.reasons)
     if not judged:
         return [f"{kind} gate: no strategy@budget other than a reference has a row, so "
@@ -110,30 +120,59 @@ def _gate_each_cell(report: GatedReport, kind: str,
     return reasons
 
 
-def _retention_verdict(report: GatedReport, counted: GateVerdict, floor: float,
-                       n_error: int) -> GateVerdict:
-    """The retention floor: the mean over the strategy@budget's admitted items that declare
-    evidence, pooled over tasks (each item's retention averaged over its repeats)."""
+@dataclass(frozen=True)
+class FloorShare:
+    """What a floor gate averages: a share of a cell's admitted items, each item's from
+    report.json (:class:`~pytest_budgetbench.reports.report_json.CellRecord`)."""
+
+    field: str
+    """The CellRecord's item -> share mapping, and the GateVerdict field of the mean."""
+    mean: str
+    """The mean in words, as the failure line names it."""
+    over: str
+    """The items it is the mean over."""
+    none: str
+    """Why a cell with admitted items has none of them."""
+
+
+FLOOR_SHARES = {
+    RETENTION_GATE: FloorShare("retention", "mean evidence retention",
+                               "admitted items that declare evidence",
+                               "none of its admitted items declares evidence"),
+    ANSWER_GATE: FloorShare("answer_kept", "answer kept",
+                            "admitted items whose evidence holds their answer",
+                            "none of its admitted items has a gold answer its evidence "
+                            "holds (engine.answers)"),
+}
+"""The floor gates' shares, by the gate's kind."""
+
+
+def _floor_verdict(report: GatedReport, counted: GateVerdict, floor: float,
+                   n_error: int) -> GateVerdict:
+    """A floor gate (:data:`FLOOR_SHARES`): the mean of its share over the strategy@budget's
+    admitted items that have one, pooled over tasks (each item's averaged over its
+    repeats), at least ``floor``."""
     spec = counted.spec
+    share = FLOOR_SHARES[spec.kind]
     label = f"{spec.strategy}@{spec.budget}"
     kept = {f"{task}/{item}": value
             for (task, strategy, budget), cell in report_json.cell_records(report.document).items()
             if (strategy, budget) == (spec.strategy, spec.budget)
-            for item, value in cell.retention.items()}
+            for item, value in getattr(cell, share.field).items()}
+    noun = share.mean.removeprefix("mean ")
     if not kept:
         why = (f"no cell was admitted ({counted.n_violation or 0} over budget, {n_error} "
                "errored)" if not counted.n_judged or counted.n_judged == counted.n_violation
-               else "none of its admitted items declares evidence")
-        return replace(counted, reasons=(f"{label}: {why}, so there is no evidence retention "
-                                         "to judge",))
+               else share.none)
+        return replace(counted, reasons=(f"{label}: {why}, so there is no {noun} to judge",))
     mean = sum(kept.values()) / len(kept)
-    judged = replace(counted, retention=mean)
+    judged = replace(counted, **{share.field: mean})
     if mean >= floor - RATE_EPS:
         return judged
     lowest = sorted(kept.items(), key=lambda pair: (pair[1], pair[0]))[:3]
     return replace(judged, reasons=(
-        f"{label}: mean evidence retention {mean:.3f} over the {len(kept)} admitted items "
-        f"that declare evidence is below the floor {floor:.3f} (lowest: "
+        f"{label}: {share.mean} {mean:.3f} over the {len(kept)} {share.over} is below the "
+        f"floor {floor:.3f} (lowest: "
         f"{', '.join(f'{item} {value:.2f}' for item, value in lowest)})",))
 
 
@@ -157,11 +196,13 @@ def gate_verdict(
     baseline: Path | None = None,
     regression_test: str = NONINFERIORITY,
     min_retention: float | None = None,
+    min_answer_kept: float | None = None,
 ) -> GateVerdict:
     """One gate item's verdict over one strategy@budget, pooled over tasks.
 
     ``spec.kind`` is "violation-rate", "retention-floor" (mean evidence retention at least
-    ``min_retention``) or "regression" (judged by ``regression_test``, see
+    ``min_retention``), "answer-kept-floor" (the share of items that kept their answer at
+    least ``min_answer_kept``) or "regression" (judged by ``regression_test``, see
     :func:`judge_change`). A gate that has nothing to judge
     (every cell errored, or none ran) fails and says so: a gate that passes on no data
     guards nothing.
@@ -186,9 +227,10 @@ def gate_verdict(
                                              "is no violation rate to judge",))
         reason = _violation_reason(label, violations, judged, max_rate)
         return replace(counted, reasons=(reason,) if reason else ())
-    if spec.kind == RETENTION_GATE:
-        assert min_retention is not None
-        return _retention_verdict(report, counted, min_retention, n_error)
+    if spec.kind in FLOOR_SHARES:
+        floor = min_retention if spec.kind == RETENTION_GATE else min_answer_kept
+        assert floor is not None
+        return _floor_verdict(report, counted, floor, n_error)
     assert baseline is not None and max_regression is not None
     if judged == 0:
         return replace(counted, reasons=(f"{label}: no cell was admitted or over budget "

@@ -12,6 +12,9 @@ from typing import Any, Protocol
 VIOLATION_GATE = "violation-rate"
 REGRESSION_GATE = "regression"
 RETENTION_GATE = "retention-floor"
+ANSWER_GATE = "answer-kept-floor"
+FLOOR_GATES = (RETENTION_GATE, ANSWER_GATE)
+"""The gates that hold a share of the admitted items (retention, answer kept) to a floor."""
 RATE_EPS = 1e-12
 """Rates are ratios of counts; a difference smaller than this is float noise, not a change."""
 
@@ -77,6 +80,8 @@ class GateVerdict:
     """The 95% interval of ``delta``."""
     retention: float | None = None
     """The retention floor gate's mean evidence retention (None: nothing to average)."""
+    answer_kept: float | None = None
+    """The answer-kept floor gate's share of items that kept their answer (None: none)."""
     notes: tuple[str, ...] = ()
     """Warnings of a gate that passed (a harm-shown gate too small to detect its margin)."""
     passed: bool = field(init=False)
@@ -95,7 +100,8 @@ class GateVerdict:
                 "budget": self.spec.budget, "passed": self.passed, "reasons": list(self.reasons),
                 "rate": self.rate, "n_violation": self.n_violation, "n_judged": self.n_judged,
                 "delta": self.delta, "interval": list(self.interval) if self.interval else None,
-                "retention": self.retention, "notes": list(self.notes)}
+                "retention": self.retention, "answer_kept": self.answer_kept,
+                "notes": list(self.notes)}
 
     @classmethod
     def from_public(cls, data: Mapping[str, Any]) -> GateVerdict:
@@ -104,7 +110,8 @@ class GateVerdict:
                    tuple(data.get("reasons") or ()), data.get("rate"), data.get("n_violation"),
                    data.get("n_judged"), data.get("delta"),
                    (interval[0], interval[1]) if interval else None,
-                   data.get("retention"), tuple(data.get("notes") or ()))
+                   data.get("retention"), data.get("answer_kept"),
+                   tuple(data.get("notes") or ()))
 
 
 class GateSettings(Protocol):
@@ -125,11 +132,14 @@ class GateSettings(Protocol):
 
     def retention_floor(self, strategy: str, budget: int, reference: bool) -> float | None: ...
 
+    def answer_kept_floor(self, strategy: str, budget: int, reference: bool
+                          ) -> float | None: ...
+
 
 def gate_specs(strategies: Mapping[str, bool], settings: GateSettings) -> list[GateSpec]:
     """The gates a sweep's settings ask for. ``strategies`` maps each strategy's name to
     whether it is a reference (references may overflow, so no violation-rate gate judges
-    them; a reference has a retention floor only when one is named for it)."""
+    them; a reference has a retention or answer-kept floor only when one is named for it)."""
     violation = settings.max_violation_rate is not None
     regression = settings.baseline is not None and settings.max_regression is not None
     specs = []
@@ -141,4 +151,6 @@ def gate_specs(strategies: Mapping[str, bool], settings: GateSettings) -> list[G
                 specs.append(GateSpec(REGRESSION_GATE, name, budget))
             if settings.retention_floor(name, budget, reference) is not None:
                 specs.append(GateSpec(RETENTION_GATE, name, budget))
+            if settings.answer_kept_floor(name, budget, reference) is not None:
+                specs.append(GateSpec(ANSWER_GATE, name, budget))
     return specs
