@@ -246,14 +246,14 @@ class BudgetBenchSession:
         except MissingDependency as exc:  # a core install: the records and summary stand
             self.report_missing = str(exc)
             return
-        report = self.computed_report()
         try:
-            reports.write_report(report, plots=self.settings.report == "on")
-            if self.settings.search is not None:
+            if self.settings.search is not None:  # its figure, before the report: its own
                 from pytest_budgetbench.reports.builder import PLOTS_DIR
                 from pytest_budgetbench.reports.plots import safe_budget_plots
 
-                safe_budget_plots(self.store.safe_budgets(), report.out_dir / PLOTS_DIR)
+                safe_budget_plots(self.store.safe_budgets(), self.store.report_dir / PLOTS_DIR)
+            report = self.computed_report()
+            reports.write_report(report, plots=self.settings.report == "on")
         except OSError as exc:
             raise self._unwritable(exc) from None
         self.report_dir = report.out_dir

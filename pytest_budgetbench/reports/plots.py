@@ -157,7 +157,8 @@ def safe_budget_plots(records: Sequence[Mapping[str, Any]], out_dir: Path) -> li
                  for probe in probes]
             safe = record["safe_budget"]
             label = f"{record['strategy']} (safe: {safe if safe is not None else 'none'})"
-            (line,) = ax.plot(x, y, "o-", ms=4, lw=1, label=_plain(label))
+            # Dashed: between two probes nothing was measured.
+            (line,) = ax.plot(x, y, "o--", ms=4, lw=0.8, label=_plain(label))
             if safe is not None:
                 kept = next(p["retention"] for p in probes if p["budget"] == safe)
                 ax.axvline(safe, color=line.get_color(), ls=":", lw=1)

@@ -84,9 +84,9 @@ def format_table(stats: list[CellSummary]) -> list[str]:
 
 
 def format_safe_budgets(records: Sequence[SafeBudgetRecord]) -> list[str]:
-    """The budget search's table: per task and strategy the smallest safe budget, its
-    retention and violation rate, and the grid budget below it with the floor it fails
-    (under a maximum safe budget, the gate's failures follow)."""
+    """The budget search's table: per task, each strategy's smallest safe budget (the
+    smallest first), its retention and violation rate, and the grid budget below it with
+    the floor it fails (under a maximum safe budget, the gate's failures follow)."""
     if not records:
         return ["no budget search finished (see the failures above)"]
     from pytest_budgetbench.reports.gates.safe_budget import probe_at
@@ -104,7 +104,8 @@ def format_safe_budgets(records: Sequence[SafeBudgetRecord]) -> list[str]:
               f"{'probes':>6} {'below':>6}  why the budget below fails")
     for task in sorted({r["task"] for r in records}):
         lines += [f"task {task}:", "  " + header, "  " + "-" * len(header)]
-        for record in (r for r in records if r["task"] == task):
+        mine = sorted((r for r in records if r["task"] == task), key=_smallest_first)
+        for record in mine:
             safe = record["safe_budget"]
             shown = probe_at(record, record["hi"] if safe is None else safe)
             if safe is None:
@@ -124,6 +125,11 @@ def format_safe_budgets(records: Sequence[SafeBudgetRecord]) -> list[str]:
                 f"{len(record['probes']):>6} {below:>6}  {why}")
     lines += [f"budgetbench gate failed: {r['gate']}" for r in records if r["gate"]]
     return lines
+
+
+def _smallest_first(record: SafeBudgetRecord) -> tuple[bool, int, str]:
+    safe = record["safe_budget"]
+    return safe is None, safe or 0, record["strategy"]
 
 
 def write_summary(

@@ -86,13 +86,13 @@ def test_the_search_finds_each_default_strategys_safe_budget_as_a_sweep_every_64
         "violation rate <= 5.0%, at it and every budget above it):",
         "task memory:",
         "  strategy       safe retention viol.rate probes  below  why the budget below fails",
-        "  ---*",
-        "  full_context   *",
+        "  ---*",  # the smallest safe budget first
+        f"  rag             {expected['rag']:>3} *  {expected['rag']} is the smallest budget "
+        "searched",
         f"  truncation     {truncation['safe_budget']:>4}     1.000      0.0%     "
         f"{len(truncation['probes']):>2}   {truncation['below']}  evidence retention * over 2 "
         "admitted items is below the floor 0.900",
-        f"  rag             {expected['rag']:>3} *  {expected['rag']} is the smallest budget "
-        "searched"])
+        "  full_context   * violation rate *% (*/2 prompts) exceeds the maximum 5.0%"])
 
 
 def test_the_gate_fails_a_strategy_whose_safe_budget_is_above_its_maximum(
