@@ -46,11 +46,12 @@ from pytest_budgetbench.pytest_face.sweep_tests import (
     judge_gate,
     parametrize_sweep,
     run_budget_cell,
+    run_budget_search,
 )
 from pytest_budgetbench.redact import redact
 from pytest_budgetbench.settings.config import OPTIONS
 
-__all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate"]
+__all__ = ["SESSION_KEY", "assert_within_budget", "budget_cell", "budget_gate", "budget_search"]
 
 DECLARED_KEY = pytest.StashKey[list[Option]]()
 """The flags tasks and strategies declare, as registered for this run."""
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from pytest_budgetbench.engine.runner import CellResult
     from pytest_budgetbench.engine.session import BudgetBenchSession
     from pytest_budgetbench.pytest_face.progress import SweepProgress
+    from pytest_budgetbench.records.safe_budgets import SafeBudgetRecord
     from pytest_budgetbench.reports.gates.verdicts import GateVerdict
     from pytest_budgetbench.sweep.cells import Cell
 
@@ -295,3 +297,8 @@ def budget_gate(request: pytest.FixtureRequest) -> GateVerdict:
     return judge_gate(request, session, spec, elsewhere)
 
 
+@pytest.fixture
+def budget_search(request: pytest.FixtureRequest) -> SafeBudgetRecord:
+    """The smallest safe budget of one task and strategy in a budget search
+    (``--budgets=search:LO..HI``): its record in safe_budgets.jsonl, probes included."""
+    return run_budget_search(request)

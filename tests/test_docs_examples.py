@@ -37,7 +37,8 @@ EXAMPLE_FLAGS = {
 }
 EXAMPLE_INI = {"budgetbench_data_support_chats": "the support_chats instance's data",
                # Not an ini name: the JUnit property a gate's verdict is written to.
-               "budgetbench_gate": "docs/gates.md's JUnit property"}
+               "budgetbench_gate": "docs/gates.md's JUnit property",
+               "budgetbench_safe_budget": "docs/gates.md's JUnit property of a search"}
 
 
 @dataclass(frozen=True)

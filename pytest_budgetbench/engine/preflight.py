@@ -124,7 +124,8 @@ def check_extras(
                         ("--budgetbench-min-retention", settings.min_retention),
                         ("--budgetbench-min-answer-kept", settings.min_answer_kept),
                         ("--budgetbench-baseline", settings.baseline)):
-        if value is not None:
+        # A budget search judges its floors itself, in pure Python: no extra needed.
+        if value is not None and settings.search is None:
             needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
     missing: dict[str, tuple[str, str, str]] = {}  # the first need of each extra
     found_all: list[Requirement] = []
@@ -164,7 +165,9 @@ def _check_reference(settings: Settings, strategies: set[str]) -> None:
 def _check_gates_judge_something(settings: Settings, references: Mapping[str, bool]) -> None:
     """A violation-rate or floor gate that no strategy@budget of the sweep falls under
     (every strategy a reference, none given its own floor) would pass having judged
-    nothing."""
+    nothing. (A budget search has no gate items: its floors are what it searches for.)"""
+    if settings.search is not None:
+        return
     cells = [f"{name}@{budget}" for name in references for budget in settings.budgets]
     for flag, floors in _floors(settings):
         unswept = unswept_floor(floors, cells, flag)

@@ -32,6 +32,7 @@ from pytest_budgetbench.engine import preflight, resume, wiring
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.resume import resolve_run_dir
 from pytest_budgetbench.engine.runner import CellResult, Runner, Timer
+from pytest_budgetbench.engine.search import SearchSpec, check_limits, run_search, search_specs
 from pytest_budgetbench.errors import (
     EndpointError,
     MissingDependency,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
     from pytest_budgetbench.cache.responses import ResponseStore
     from pytest_budgetbench.embedded_server import Launcher, LaunchService, ServerLauncher
+    from pytest_budgetbench.records.safe_budgets import SafeBudgetRecord
     from pytest_budgetbench.reports import Report
     from pytest_budgetbench.tokens.base import TokenCounter
 
@@ -137,7 +139,9 @@ class BudgetBenchSession:
         Nothing is written until the checks that need no endpoint have passed: a ConfigError
         (or a DataError, an EndpointError) names the first problem."""
         settings = self.settings
-        preflight.check_sweep(settings, self.catalog, self.cells)
+        preflight.check_sweep(settings, self.catalog, self.planned_cells)
+        if settings.search is not None:
+            check_limits(settings, list(dict.fromkeys(s.name for s in self.searches)))
         wiring.check_caches(settings, self.store.run_dir)
         if settings.endpoint:
             self.endpoint = wiring.resolve_endpoint(settings)
@@ -242,8 +246,13 @@ class BudgetBenchSession:
         except MissingDependency as exc:  # a core install: the records and summary stand
             self.report_missing = str(exc)
             return
-        report = self.computed_report()
         try:
+            if self.settings.search is not None:  # its figure, before the report: its own
+                from pytest_budgetbench.reports.builder import PLOTS_DIR
+                from pytest_budgetbench.reports.plots import safe_budget_plots
+
+                safe_budget_plots(self.store.safe_budgets(), self.store.report_dir / PLOTS_DIR)
+            report = self.computed_report()
             reports.write_report(report, plots=self.settings.report == "on")
         except OSError as exc:
             raise self._unwritable(exc) from None
@@ -284,7 +293,10 @@ class BudgetBenchSession:
     # -- gates -------------------------------------------------------------------------
     @functools.cached_property
     def gates(self) -> list[GateSpec]:
-        """The gate items this sweep asked for, one per kind and strategy@budget."""
+        """The gate items this sweep asked for, one per kind and strategy@budget (none in a
+        budget search: its floors are what it searches for, its gate is each search item)."""
+        if self.settings.search is not None:
+            return []
         return gate_specs(reference_flags(strategy_classes(self.settings.strategies)),
                           self.settings)
 
@@ -324,13 +336,40 @@ class BudgetBenchSession:
     # -- every process -----------------------------------------------------------------
     @functools.cached_property
     def cells(self) -> list[Cell]:
-        """The sweep's cells; built once, as collection and parametrization both need them."""
+        """The sweep's cells; built once, as collection and parametrization both need them.
+        None in a budget search: its probes choose their cells as it goes."""
+        if self.settings.search is not None:
+            return []
+        return self._build_cells(self.settings.budgets)
+
+    @functools.cached_property
+    def planned_cells(self) -> list[Cell]:
+        """The cells the checks before the first cell read: the sweep's, or in a budget
+        search those of its largest budget, which it probes first."""
+        if self.settings.search is None:
+            return self.cells
+        return self._build_cells((self.settings.search.hi,))
+
+    @functools.cached_property
+    def searches(self) -> list[SearchSpec]:
+        """A budget search's items, one per task and strategy (none without a search)."""
+        if self.settings.search is None:
+            return []
+        classes = strategy_classes(self.settings.strategies)
+        return search_specs(self.catalog.names, {
+            spec: (cls.name, bool(cls.reference)) for spec, cls in classes.items()})
+
+    def run_search(self, spec: SearchSpec) -> SafeBudgetRecord:
+        """Search one task and strategy's smallest safe budget (see engine.search)."""
+        return run_search(self, spec)
+
+    def _build_cells(self, budgets: tuple[int, ...]) -> list[Cell]:
         items = {task: [i.item_id for i in self.catalog.items(task)]
                  for task in self.catalog.names}
         names = {spec: cls.name
                  for spec, cls in strategy_classes(self.settings.strategies).items()}
         cells = build_cells(
-            items, self.settings.strategies, self.settings.budgets, self.settings.repeats, names
+            items, self.settings.strategies, budgets, self.settings.repeats, names
         )
         cells = adjacent_prompt_starts(cells, {
             task: {item.item_id: canonical_json(item.tools) for item in self.catalog.items(task)}
@@ -364,11 +403,15 @@ class BudgetBenchSession:
 
     def skip_reason(self, cell: Cell) -> str | None:
         """Why a cell's task cannot run on this endpoint (e.g. it needs vision), or None."""
+        return self.task_skip_reason(cell.task)
+
+    def task_skip_reason(self, task: str) -> str | None:
+        """Why ``task`` cannot run on this endpoint (e.g. it needs vision), or None."""
         endpoint = {
             "model": self.endpoint.model if self.endpoint else None,
             "vision": self.settings.vision == "on",
         }
-        return self.catalog.task(cell.task).skip_reason(endpoint)
+        return self.catalog.task(task).skip_reason(endpoint)
 
     def run_cell(self, cell: Cell, timer: Timer | None = None) -> CellResult:
         """Run a cell once per process; later requests for it get the same result."""

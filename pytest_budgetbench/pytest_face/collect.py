@@ -5,7 +5,8 @@ How it fits pytest (8 and 9 alike):
 - ``budgetbench`` is a :class:`pytest.Module` whose object is
   :mod:`pytest_budgetbench.pytest_face.sweep_tests`, so its tests are made by pytest's own
   ``Metafunc.parametrize`` (through ``pytest_generate_tests``): ``cell[<cell id>]`` and
-  ``gate[<kind> <strategy>@<budget>]`` are ordinary parametrized Functions, with the
+  ``gate[<kind> <strategy>@<budget>]`` (and a budget search's ``search[<task> <strategy>]``)
+  are ordinary parametrized Functions, with the
   parametrization pytest 9.2's structured node ids (and its ``--lf`` cache) expect.
 - It is added to the session's own collect report (a ``pytest_make_collect_report``
   wrapper), so pytest counts, selects (``-k``, ``-m``, ``--deselect``, ``--lf``, ``--ff``,
@@ -102,7 +103,7 @@ class SweepModule(pytest.Module):
         return sweep_tests
 
     def funcnamefilter(self, name: str) -> bool:
-        return name in (nodeids.CELL, nodeids.GATE)
+        return name in (nodeids.CELL, nodeids.GATE, nodeids.SEARCH)
 
     def classnamefilter(self, name: str) -> bool:
         return False
@@ -112,8 +113,8 @@ class SweepModule(pytest.Module):
 
         session = self.config.stash[SESSION_KEY]
         # A function with no parameter sets would become one skipped placeholder item.
-        empty = {name for name, params in (("cell", session.cells), ("gate", session.gates))
-                 if not params}
+        empty = {name for name, params in (("cell", session.cells), ("gate", session.gates),
+                                           ("search", session.searches)) if not params}
         items = [i for i in super().collect() if getattr(i, "originalname", "") not in empty]
         selectors = self.config.stash.get(SELECTORS_KEY, [])
         if selectors:
@@ -194,7 +195,7 @@ def add_sweep_module(config: pytest.Config, session: BudgetBenchSession,
         from pytest_budgetbench.engine.preflight import NothingToRun, check_not_empty
 
         try:  # bad data is a usage error, not a collection error of one node
-            check_not_empty(session.settings, session.cells)
+            check_not_empty(session.settings, session.planned_cells)
             session.gates  # noqa: B018 - built once, here
         except NothingToRun as exc:
             pytest.exit(str(exc), returncode=pytest.ExitCode.OK)

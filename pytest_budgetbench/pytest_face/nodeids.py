@@ -1,10 +1,10 @@
 """The plugin's node ids, built and read here only.
 
 pytest names the sweep's tests ``budgetbench::cell[<cell id>]`` and
-``budgetbench::gate[<gate id>]``; a user's test over ``budget_cell`` is
-``<path>::<name>[<cell id>]`` (or ``[...-<cell id>-...]`` beside other parameters). A
-command-line argument may end in an old-style xdist loadgroup suffix (``...]@<group>``),
-which is ignored.
+``budgetbench::gate[<gate id>]`` (a budget search's ``budgetbench::search[<task> <strategy>]``);
+a user's test over ``budget_cell`` is ``<path>::<name>[<cell id>]`` (or
+``[...-<cell id>-...]`` beside other parameters). A command-line argument may end in an
+old-style xdist loadgroup suffix (``...]@<group>``), which is ignored.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ SEPARATOR = "::"
 SWEEP_NODE = "budgetbench"
 CELL = "cell"
 GATE = "gate"
+SEARCH = "search"
 GATES_SCOPE = f"{SWEEP_NODE}{SEPARATOR}{GATE}"
 """The xdist scope every gate shares: they go out last, together."""
 
@@ -62,6 +63,10 @@ def is_cell_name(test_name: str) -> bool:
 
 def is_gate_name(test_name: str) -> bool:
     return test_name.startswith(GATE + "[")
+
+
+def is_search_name(test_name: str) -> bool:
+    return test_name.startswith(SEARCH + "[")
 
 
 def is_cell_nodeid(nodeid: str) -> bool:

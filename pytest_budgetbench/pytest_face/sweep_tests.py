@@ -1,6 +1,7 @@
 """The sweep's test functions. pytest collects this module under the ``budgetbench``
 node (see :mod:`pytest_budgetbench.pytest_face.collect`) and parametrizes each function the way it
-parametrizes any test: ``cell`` once per cell, ``gate`` once per gate that was asked for.
+parametrizes any test: ``cell`` once per cell, ``gate`` once per gate that was asked for,
+``search`` once per task and strategy of a budget search (``--budgets=search:LO..HI``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.runner import CellResult
     from pytest_budgetbench.engine.session import BudgetBenchSession
+    from pytest_budgetbench.records.safe_budgets import SafeBudgetRecord
     from pytest_budgetbench.reports.gates.verdicts import GateSpec, GateVerdict
 
 pytestmark = [pytest.mark.budgetbench]
 VERDICT_PROPERTY = "budgetbench_gate"
 """The user property under which a gate item's report carries its verdict (JSON)."""
+SAFE_BUDGET_PROPERTY = "budgetbench_safe_budget"
+"""The user property under which a search item's report carries its record (JSON)."""
 NO_SWEEP = ("no sweep runs: pass --budgets=N,N (or set budgetbench_budgets in the ini) to "
             "run this test over the sweep's cells")
 
@@ -70,7 +74,14 @@ def gate(budget_gate: GateVerdict) -> None:
         pytest.fail(budget_gate.message or budget_gate.spec.gate_id, pytrace=False)
 
 
-# -- helpers of the budget_cell and budget_gate fixtures -------------------------------
+def search(budget_search: SafeBudgetRecord) -> None:
+    """One task and strategy's smallest safe budget; fails when it is above
+    --budgetbench-max-safe-budget (or none is found under it)."""
+    if budget_search["gate"]:
+        pytest.fail(budget_search["gate"], pytrace=False)
+
+
+# -- helpers of the budget_cell, budget_gate and budget_search fixtures ----------------
 def stop_without_a_server(request: pytest.FixtureRequest, exc: EmbeddedServerError) -> NoReturn:
     """The embedded server, started on the first cache miss, did not start: no later cell
     could get a reply either, so the run stops with the reason, as a failed start before
@@ -134,6 +145,11 @@ def parametrize_sweep(metafunc: pytest.Metafunc, session: BudgetBenchSession) ->
             metafunc.parametrize(
                 "budget_gate", gates, ids=[g.gate_id for g in gates], indirect=True
             )
+        if "budget_search" in metafunc.fixturenames:
+            searches = session.searches
+            metafunc.parametrize(
+                "budget_search", searches, ids=[s.search_id for s in searches], indirect=True
+            )
     except BudgetBenchError as exc:
         raise pytest.UsageError(redact(f"budgetbench: {exc}")) from None
 
@@ -161,6 +177,27 @@ def run_budget_cell(request: pytest.FixtureRequest) -> CellResult:
             quality=result.quality, counted_tokens=result.row.counted_tokens
         )
     return result
+
+
+def run_budget_search(request: pytest.FixtureRequest) -> SafeBudgetRecord:
+    """What the ``budget_search`` fixture gives: the search ``request.param``, run and
+    recorded (skipped without a sweep, or when its task cannot run on this endpoint)."""
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        pytest.skip(NO_SWEEP)
+    spec = request.param
+    reason = session.task_skip_reason(spec.task)
+    if reason:
+        pytest.skip(reason)
+    try:
+        record = session.run_search(spec)
+    except StrategyAborted as exc:
+        pytest.exit(redact(str(exc)), returncode=pytest.ExitCode.INTERRUPTED)
+    except EmbeddedServerError as exc:
+        stop_without_a_server(request, exc)
+    # --junitxml shows it as a property: a CI job reads the answer off its test case.
+    request.node.user_properties.append((SAFE_BUDGET_PROPERTY, json.dumps(record)))
+    return record
 
 
 def gate_verdicts(report: pytest.TestReport) -> list[GateVerdict]:

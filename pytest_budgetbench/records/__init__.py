@@ -7,6 +7,7 @@
     run_json    run.json and its record: RunInfo
     replicas    replicas.jsonl and its record: ReplicaEvent
     episodes    episodes.jsonl and its record: EpisodeRecord, CallRecord, Ended
+    safe_budgets  safe_budgets.jsonl (a budget search's answers): SafeBudgetRecord
     definition  run.json's definition block, and how two runs' definitions compare
     store       the run directory: RunStore, its paths, the other names of a run
     jsonl       the locked JSON-lines writer and the one line parser the owners share

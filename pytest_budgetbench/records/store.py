@@ -14,6 +14,8 @@ calls it); the other names are this module's constants::
     <out>/<run_id>/run.lock        held (flock) by the controller while a session writes the run
     <out>/<run_id>/replicas.jsonl  replicas of the endpoint taken out and back
                                    (records.replicas.ReplicaEvent)
+    <out>/<run_id>/safe_budgets.jsonl  a budget search's answer per task and strategy
+                                   (records.safe_budgets.SafeBudgetRecord)
     <out>/<run_id>/server.log      the embedded server's log
     <out>/<run_id>/strategy-files/ the one place in a run where strategies may write
     <out>/<run_id>/exports/        records a task exports (one file each, JSON lines)
@@ -40,7 +42,7 @@ from typing import Any
 
 from pytest_budgetbench.errors import ConfigError, RecordError
 from pytest_budgetbench.messages import Message
-from pytest_budgetbench.records import cells, prompts, run_json
+from pytest_budgetbench.records import cells, prompts, run_json, safe_budgets
 from pytest_budgetbench.records import episodes as episode_records
 from pytest_budgetbench.records.cells import CELLS_FILE
 from pytest_budgetbench.records.episodes import EPISODES_FILE, EpisodeRecord
@@ -49,6 +51,7 @@ from pytest_budgetbench.records.prompts import PROMPTS_FILE, PromptRecord, SpanK
 from pytest_budgetbench.records.replicas import REPLICAS_FILE
 from pytest_budgetbench.records.rows import CellRow
 from pytest_budgetbench.records.run_json import RUN_FILE, RunInfo
+from pytest_budgetbench.records.safe_budgets import SAFE_BUDGETS_FILE, SafeBudgetRecord
 
 LOCK_FILE = "run.lock"
 SERVER_LOG = "server.log"  # the embedded server's output
@@ -123,6 +126,10 @@ class RunStore:
         return self.run_dir / REPLICAS_FILE
 
     @property
+    def safe_budgets_path(self) -> Path:
+        return self.run_dir / SAFE_BUDGETS_FILE
+
+    @property
     def server_log_path(self) -> Path:
         return self.run_dir / SERVER_LOG
 
@@ -168,6 +175,14 @@ class RunStore:
         """The episodes.jsonl records of these cells, in the file's order (a rerun's comes
         last); a damaged record is skipped, other cells' lines unparsed."""
         return episode_records.episodes_of(self.episodes_path, cell_ids)
+
+    def write_safe_budget(self, record: SafeBudgetRecord) -> None:
+        """A budget search's answer for one task and strategy (see records.safe_budgets)."""
+        safe_budgets.append_record(self.safe_budgets_path, record)
+
+    def safe_budgets(self) -> list[SafeBudgetRecord]:
+        """The budget search's answers, the last of each task and strategy."""
+        return safe_budgets.read_records(self.safe_budgets_path)
 
     def write_export(self, file_name: str, record: Mapping[str, Any]) -> None:
         append_jsonl(self.exports_dir / file_name, record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,52 @@ def _heatmap(cells: pd.DataFrame, task: str, path: Path) -> Plot:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return Plot("violations", task, title, path)
+
+
+def safe_budget_plots(records: Sequence[Mapping[str, Any]], out_dir: Path) -> list[Plot]:
+    """Per task: each strategy's evidence retention at the budgets its search probed, the
+    retention floor, and the safe budget each found, marked (a budget search's figure).
+    ``records`` are safe_budgets.jsonl's (records.safe_budgets.SafeBudgetRecord)."""
+    plots: list[Plot] = []
+    tasks = sorted({record["task"] for record in records})
+    if tasks:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for index, task in enumerate(tasks):
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(7.0, 4.6))
+        mine = [record for record in records if record["task"] == task]
+        for record in mine:
+            probes = sorted(record["probes"], key=lambda probe: probe["budget"])
+            x = [probe["budget"] for probe in probes]
+            y = [np.nan if probe["retention"] is None else probe["retention"]
+                 for probe in probes]
+            safe = record["safe_budget"]
+            label = f"{record['strategy']} (safe: {safe if safe is not None else 'none'})"
+            # Dashed: between two probes nothing was measured.
+            (line,) = ax.plot(x, y, "o--", ms=4, lw=0.8, label=_plain(label))
+            if safe is not None:
+                kept = next(p["retention"] for p in probes if p["budget"] == safe)
+                ax.axvline(safe, color=line.get_color(), ls=":", lw=1)
+                ax.scatter([safe], [np.nan if kept is None else kept], s=150, marker="*",
+                           color=line.get_color(), zorder=3)
+        floor = mine[0]["min_retention"]
+        if floor is not None:
+            ax.axhline(floor, color="black", ls="--", lw=1, label=f"floor {floor:g}")
+        first = mine[0]
+        ax.set_xlim(first["lo"] - first["step"], first["hi"] + first["step"])
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("budget (tokens)")
+        ax.set_ylabel("mean evidence retention (admitted items)")
+        title = f"{task}: retention against budget, safe budgets marked"
+        ax.set_title(_plain(title))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        path = out_dir / f"{safe_name(task, index)}_safe_budget.png"
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        plots.append(Plot("safe_budget", task, title, path))
+    return plots
 
 
 def _plain(text: str) -> str:

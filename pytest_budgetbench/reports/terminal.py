@@ -24,6 +24,7 @@ from pytest_budgetbench.reports.summary import (
 )
 
 if TYPE_CHECKING:
+    from pytest_budgetbench.records.safe_budgets import SafeBudgetRecord
     from pytest_budgetbench.reports.builder import Report
     from pytest_budgetbench.reports.gates.verdicts import GateVerdict
     from pytest_budgetbench.settings.config import Settings
@@ -91,6 +92,55 @@ def format_table(stats: list[CellSummary]) -> list[str]:
     return lines
 
 
+def format_safe_budgets(records: Sequence[SafeBudgetRecord]) -> list[str]:
+    """The budget search's table: per task, each strategy's smallest safe budget (the
+    smallest first), its retention and violation rate, and the grid budget below it with
+    the floor it fails (under a maximum safe budget, the gate's failures follow)."""
+    if not records:
+        return ["no budget search finished (see the failures above)"]
+    from pytest_budgetbench.reports.gates.safe_budget import probe_at
+
+    first = records[0]
+    floors = [f"retention >= {first['min_retention']:.3f}"
+              if first["min_retention"] is not None else "",
+              f"violation rate <= {first['max_violation_rate']:.1%}"
+              if first["max_violation_rate"] is not None else ""]
+    lines = [f"smallest safe budget, search:{first['lo']}..{first['hi']} step {first['step']}"
+             f" (floors: {' and '.join(f for f in floors if f)}, at it and every budget "
+             "above it):"]
+    width = max(len("strategy"), *(len(r["strategy"]) for r in records))
+    header = (f"{'strategy':<{width}} {'safe':>6} {'retention':>9} {'viol.rate':>9} "
+              f"{'probes':>6} {'below':>6}  why the budget below fails")
+    for task in sorted({r["task"] for r in records}):
+        lines += [f"task {task}:", "  " + header, "  " + "-" * len(header)]
+        mine = sorted((r for r in records if r["task"] == task), key=_smallest_first)
+        for record in mine:
+            safe = record["safe_budget"]
+            shown = probe_at(record, record["hi"] if safe is None else safe)
+            if safe is None:
+                below, why = "-", f"none up to {record['hi']}, where: "
+                why += "; ".join(shown.reasons) if shown else "not probed"
+            elif record["below"] is None:
+                below, why = "-", f"{safe} is the smallest budget searched"
+            else:
+                failed = probe_at(record, record["below"])
+                below, why = str(record["below"]), "; ".join(failed.reasons) if failed else "-"
+            if record["scanned"]:
+                why += f" [probed every budget from {record['hi']} down: {record['scanned']}]"
+            lines.append(
+                f"  {record['strategy']:<{width}} {safe if safe is not None else 'none':>6} "
+                f"{_fmt(shown.retention if shown else None, '.3f'):>9} "
+                f"{_fmt(shown.violation_rate if shown else None, '.1%'):>9} "
+                f"{len(record['probes']):>6} {below:>6}  {why}")
+    lines += [f"budgetbench gate failed: {r['gate']}" for r in records if r["gate"]]
+    return lines
+
+
+def _smallest_first(record: SafeBudgetRecord) -> tuple[bool, int, str]:
+    safe = record["safe_budget"]
+    return safe is None, safe or 0, record["strategy"]
+
+
 def write_summary(
     terminalreporter: Any,
     run_dir: Path,
@@ -106,18 +156,24 @@ def write_summary(
     from pytest_budgetbench.records.rows import last_row_per_cell
     from pytest_budgetbench.records.store import RunStore
 
-    rows = last_row_per_cell(RunStore(Path(run_dir)).rows())
+    store = RunStore(Path(run_dir))
+    rows = last_row_per_cell(store.rows())
     terminalreporter.section("budgetbench summary")
     if not rows:
         terminalreporter.write_line(f"no cells recorded; run directory: {run_dir}")
         return
-    stats = cell_summaries(rows, settings, report)
-    for task in sorted({s.task for s in stats}):
-        terminalreporter.write_line(f"task {task}:")
-        for line in format_table([s for s in stats if s.task == task]):
-            terminalreporter.write_line("  " + line)
+    if settings.search is not None:  # the probes' cells are in the report; the answer here
+        for line in format_safe_budgets(store.safe_budgets()):
+            failed = line.startswith("budgetbench gate failed")
+            terminalreporter.write_line(line, red=failed, bold=failed)
+    else:
+        stats = cell_summaries(rows, settings, report)
+        for task in sorted({s.task for s in stats}):
+            terminalreporter.write_line(f"task {task}:")
+            for line in format_table([s for s in stats if s.task == task]):
+                terminalreporter.write_line("  " + line)
     _write_warnings(terminalreporter, rows)
-    for line in retention_notes(rows):
+    for line in retention_notes(rows) if settings.search is None else ():
         terminalreporter.write_line(f"budgetbench: note: {line}", yellow=True)
     if settings.reference is None and numpy_importable():
         for line in reference_notes(rows):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from pytest_budgetbench.errors import ConfigError
@@ -40,6 +40,12 @@ from pytest_budgetbench.settings.task_grammar import (
     parse_task_list,
     task_entries,
 )
+from pytest_budgetbench.sweep.search import (
+    BudgetSearch,
+    check_grid,
+    is_search,
+    parse_search,
+)
 from pytest_budgetbench.sweep.shards import AUTO as AUTO_SHARD
 from pytest_budgetbench.sweep.shards import shard_from_environment
 
@@ -55,16 +61,22 @@ MAX_BUDGET = 10_000_000
 tokens, so a larger number is a typo (an extra digit, a pasted byte count)."""
 
 
-def parse_budgets(raw: str) -> tuple[int, ...]:
+def parse_budgets(raw: str) -> tuple[int, ...] | BudgetSearch:
+    """``N,N,...`` (sorted), ``off`` (none), or ``search:LO..HI``, a budget search
+    (:mod:`~pytest_budgetbench.sweep.search`), which :func:`load_settings` turns into its
+    grid of budgets and ``Settings.search``."""
     if raw.strip() == BUDGETS_OFF:
         return ()
+    if is_search(raw):
+        return parse_search(raw, MAX_BUDGET)
     parts = [part.strip() for part in raw.split(",")]
     budgets: list[int] = []
     for part in parts:
         if not is_count(part) or int(part) <= 0:
             raise ConfigError(
                 f"--budgets must be positive token counts separated by commas, "
-                f"e.g. --budgets=2048,8192, or off (got {part!r} in {raw!r})"
+                f"e.g. --budgets=2048,8192, search:LO..HI (the smallest safe budget) or off "
+                f"(got {part!r} in {raw!r})"
             )
         if int(part) > MAX_BUDGET:
             raise ConfigError(
@@ -218,6 +230,23 @@ def unswept_floor(floors: Mapping[str, float], cells: Iterable[str],
     return None
 
 
+def parse_safe_budget_limits(raw: str) -> dict[str, int]:
+    """``N`` (every non-reference strategy) and/or ``STRATEGY=N`` entries, comma-separated
+    -> {"": N, "rag": N, ...}: the largest safe budget a budget search may find."""
+    limits: list[tuple[str, int]] = []
+    for part in (p.strip() for p in raw.split(",")):
+        key, eq, value = part.rpartition("=")
+        if not part or (eq and not key.strip()) or not is_count(value.strip()) \
+                or int(value) <= 0:
+            raise ConfigError(
+                "--budgetbench-max-safe-budget must be a budget N for every non-reference "
+                "strategy and/or STRATEGY=N entries, comma-separated, e.g. "
+                f"--budgetbench-max-safe-budget=2048,full_context=4096 (got {part!r} in {raw!r})")
+        limits.append((key.strip(), int(value)))
+    return keyed("--budgetbench-max-safe-budget", raw, limits,
+                 named=lambda key: repr(key) if key else "the maximum of every strategy")
+
+
 def parse_tokenizer(raw: str) -> str:
     if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
         if raw in ("hf:", "gguf:"):
@@ -272,6 +301,13 @@ class Settings:
     choice's ``Literal`` type is its option's choices (:data:`OPTIONS` reads both here)."""
 
     budgets: tuple[int, ...] = ()
+    """The budgets the sweep runs; under a search, the grid it may probe."""
+    search: BudgetSearch | None = None
+    """``--budgets=search:LO..HI`` (its step from --budgetbench-search-step): each task and
+    strategy's smallest safe budget is searched for instead of sweeping ``budgets``."""
+    search_step: int = 64
+    max_safe_budget: dict[str, int] | None = None
+    """The search's gate (:func:`parse_safe_budget_limits`)."""
     strategies: tuple[str, ...] = ("full_context", "truncation", "rag")
     tasks: tuple[str, ...] = ("memory",)
     """Task names (a registered name, ``module:attr`` or a key of ``named_tasks``)."""
@@ -460,6 +496,11 @@ OPTIONS: tuple[Option, ...] = (
     _core("budgets", "token budgets, comma-separated; turns the sweep on (off: no sweep, "
           "even when the ini sets budgets)", parse_budgets, metavar="N,N|off",
           ini_type="args", flag_names=("--budgets",)),
+    _core("search_step", "the grid step of --budgets=search:LO..HI in tokens: the search "
+          "answers to within it", positive_int, metavar="TOKENS"),
+    _core("max_safe_budget", "with --budgets=search:LO..HI, fail a task and strategy whose "
+          "smallest safe budget is above N (or none is found); STRATEGY=N for one strategy",
+          parse_safe_budget_limits, metavar="N|STRATEGY=N,..."),
     _core("strategies", "strategy names or module:attr, comma-separated", name_list,
           ini_type="args"),
     _core("tasks", "task names, module:attr or NAME=TASK(KEY=VALUE,...) instances, "
@@ -636,6 +677,12 @@ def load_settings(
         values["shard"] if values["budgets"] else None, _shard_origin(get_option, get_ini),
         os.environ)
     values.update(endpoint_fields(values["endpoint"]))
+    if isinstance(values["budgets"], BudgetSearch):
+        values["search"] = replace(values["budgets"], step=values["search_step"])
+        check_grid(values["search"], "--budgetbench-search-step")
+        values["budgets"] = values["search"].grid
+        if values["model"] is None and values["endpoint"] is None:
+            values["model"] = MODEL_FREE  # a search is model-free unless a model is named
     values["tasks"], inline = task_entries(values["tasks"])
     # A name defined both inline and in --budgetbench-named-tasks is one key given twice.
     values["named_tasks"] = keyed(
@@ -654,12 +701,43 @@ def load_settings(
                  "--budgetbench-max-regression", "--budgetbench-regression-test")
     if settings.model_free:
         check_model_free(settings)
+    check_search(settings)
     if settings.judge_endpoint and not settings.judge_model:
         raise ConfigError(
             "--budgetbench-judge-endpoint needs --budgetbench-judge-model=NAME "
             f"(endpoint given: {settings.judge_endpoint})"
         )
     return settings
+
+
+def check_search(settings: Settings) -> None:
+    """A budget search needs a floor to search for, one for every strategy, and no option
+    that only a list of budgets means; its gate needs a search."""
+    search = settings.search
+    if search is None:
+        if settings.max_safe_budget:
+            raise ConfigError(
+                "--budgetbench-max-safe-budget gates the smallest safe budget a search finds: "
+                "pass --budgets=search:LO..HI with it, e.g. --budgets=search:512..16384")
+        return
+    flag = f"--budgets={search.text}"
+    if not settings.min_retention and settings.max_violation_rate is None:
+        raise ConfigError(
+            f"{flag} searches for the smallest budget that meets your floors, and none is "
+            "given: pass --budgetbench-min-retention=R and/or "
+            "--budgetbench-max-violation-rate=R, e.g. 0.9 and 0.05")
+    named = sorted((settings.min_retention or {}).keys() - {""})
+    if named:
+        raise ConfigError(
+            f"{flag}: --budgetbench-min-retention={named[0]}=... names one budget, and a "
+            "search tries many; give one floor for every strategy, e.g. "
+            "--budgetbench-min-retention=0.9")
+    for given, option, why in (
+            (settings.baseline, "--budgetbench-baseline", "compares fixed budgets"),
+            (settings.shard, "--budgetbench-shard", "splits the items a probe needs whole")):
+        if given is not None:
+            raise ConfigError(f"{flag} cannot run with {option}, which {why}; run it with "
+                              "--budgets=N,N, or search without it")
 
 
 def check_model_free(settings: Settings) -> None:

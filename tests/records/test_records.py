@@ -478,6 +478,7 @@ OWNERS = {
     "replicas.jsonl": ("records/replicas.py", "REPLICAS_FILE"),
     "run.json": ("records/run_json.py", "RUN_FILE"),
     "episodes.jsonl": ("records/episodes.py", "EPISODES_FILE"),
+    "safe_budgets.jsonl": ("records/safe_budgets.py", "SAFE_BUDGETS_FILE"),
 }
 """Each file of a run that issue 39 gave one owner: the module that names, writes and
 reads it, and the constant it names it by."""
@@ -566,7 +567,8 @@ def test_the_owners_name_their_files_and_the_store_lays_them_out(tmp_path: Path)
     store = RunStore(tmp_path)
     paths = {"CELLS_FILE": store.cells_path, "PROMPTS_FILE": store.prompts_path,
              "REPLICAS_FILE": store.replicas_path, "RUN_FILE": store.run_info_path,
-             "EPISODES_FILE": store.episodes_path}
+             "EPISODES_FILE": store.episodes_path,
+             "SAFE_BUDGETS_FILE": store.safe_budgets_path}
     for name, (owner, constant) in OWNERS.items():
         module = importlib.import_module(
             "pytest_budgetbench." + owner.removesuffix(".py").replace("/", "."))
@@ -634,3 +636,23 @@ def test_a_synthetic_prompts_file_reads_back_through_its_owner(tmp_path: Path) -
     assert len(prompts[0].messages or []) == 10 and len(prompts[1].messages or []) == 3
     assert [row["cell_id"] for row in RunStore(tmp_path).rows()] == [
         row["cell_id"] for row in rows]
+
+
+def test_safe_budgets_jsonl_keeps_the_last_search_of_each_task_and_strategy(tmp_path: Path
+                                                                          ) -> None:
+    """A resumed budget search appends again: its last record is the answer."""
+    from pytest_budgetbench.records.safe_budgets import SafeBudgetRecord
+    from pytest_budgetbench.records.store import RunStore
+
+    store = RunStore(tmp_path)
+    record: SafeBudgetRecord = {
+        "task": "memory", "strategy": "rag", "lo": 512, "hi": 1024, "step": 64,
+        "min_retention": 0.9, "max_violation_rate": None, "safe_budget": 1024, "below": 960,
+        "scanned": None, "max_safe_budget": None, "gate": None, "probes": []}
+    store.write_safe_budget(record)
+    store.write_safe_budget({**record, "safe_budget": 512, "below": None})
+    store.write_safe_budget({**record, "strategy": "truncation"})
+    with store.safe_budgets_path.open("a") as file:  # not a search's record; a torn line
+        file.write('{"task": "memory"}\n{"torn": ')
+    assert [(r["strategy"], r["safe_budget"]) for r in store.safe_budgets()] == [
+        ("rag", 512), ("truncation", 1024)]

@@ -311,3 +311,23 @@ def test_api_key_from_a_custom_variable(monkeypatch: pytest.MonkeyPatch) -> None
 def test_public_settings_redact_a_key_in_the_endpoint_url() -> None:
     settings = load(cli={"endpoint": f"https://user:{SECRET}@api.example.com/v1?key={SECRET}"})
     assert SECRET not in json.dumps(settings.public(), default=str)
+
+
+def test_a_budget_search_from_the_ini_is_its_grid_model_free_unless_a_model_is_named(
+) -> None:
+    from pytest_budgetbench.sweep.search import BudgetSearch
+
+    ini = {"budgetbench_budgets": "search:512..1024", "budgetbench_min_retention": "0.9",
+           "budgetbench_search_step": "128"}
+    settings = load(ini=ini)
+    assert settings.search == BudgetSearch(512, 1024, 128)
+    assert settings.budgets == (512, 640, 768, 896, 1024) and settings.active
+    assert settings.model_free
+    named = load(cli={"model": "qwen"}, ini=ini)
+    assert (named.model, named.model_free) == ("qwen", False)
+    served = load(cli={"endpoint": "http://host:1/v1"}, ini=ini)
+    assert served.model is None and not served.model_free
+    assert load(cli={"budgets": "512,1024"}, ini={"budgetbench_search_step": "128"}).search \
+        is None  # a step alone, from a team's ini, searches nothing
+    assert json.loads(json.dumps(settings.public(), default=str))["search"] == {
+        "lo": 512, "hi": 1024, "step": 128}
