@@ -82,7 +82,8 @@ def check_limits(settings: Settings, names: list[str]) -> None:
 
 
 def floors_of(settings: Settings) -> Floors:
-    return Floors((settings.min_retention or {}).get(""), settings.max_violation_rate)
+    return Floors((settings.min_retention or {}).get(""), settings.max_violation_rate,
+                  (settings.min_answer_kept or {}).get(""))
 
 
 def run_search(session: SearchSession, spec: SearchSpec) -> SafeBudgetRecord:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 from pytest_budgetbench.records import jsonl
 
@@ -43,7 +43,9 @@ class ProbeRecord(TypedDict):
     repeats averaged first), as the retention floor gate computes it."""
     n_retention: int
     answer_kept: float | None
-    """Share of admitted prompts that hold the gold answer, where rows say (None: none)."""
+    """Mean answer kept over the admitted items whose evidence holds their answer (each
+    item's repeats averaged first), as the answer-kept floor gate computes it."""
+    n_answer_kept: NotRequired[int]
     reasons: list[str]
     """Why the floors fail here (empty: they hold)."""
 
@@ -58,6 +60,7 @@ class SafeBudgetRecord(TypedDict):
     step: int
     min_retention: float | None
     max_violation_rate: float | None
+    min_answer_kept: NotRequired[float | None]
     safe_budget: int | None
     below: int | None
     scanned: str | None

@@ -721,17 +721,19 @@ def check_search(settings: Settings) -> None:
                 "pass --budgets=search:LO..HI with it, e.g. --budgets=search:512..16384")
         return
     flag = f"--budgets={search.text}"
-    if not settings.min_retention and settings.max_violation_rate is None:
+    floors = (("--budgetbench-min-retention", settings.min_retention or {}),
+              ("--budgetbench-min-answer-kept", settings.min_answer_kept or {}))
+    if not any(given for _flag, given in floors) and settings.max_violation_rate is None:
         raise ConfigError(
             f"{flag} searches for the smallest budget that meets your floors, and none is "
-            "given: pass --budgetbench-min-retention=R and/or "
-            "--budgetbench-max-violation-rate=R, e.g. 0.9 and 0.05")
-    named = sorted((settings.min_retention or {}).keys() - {""})
-    if named:
-        raise ConfigError(
-            f"{flag}: --budgetbench-min-retention={named[0]}=... names one budget, and a "
-            "search tries many; give one floor for every strategy, e.g. "
-            "--budgetbench-min-retention=0.9")
+            "given: pass --budgetbench-min-retention=R, --budgetbench-min-answer-kept=R "
+            "and/or --budgetbench-max-violation-rate=R, e.g. 0.9 and 0.05")
+    for option, given in floors:
+        named = sorted(given.keys() - {""})
+        if named:
+            raise ConfigError(
+                f"{flag}: {option}={named[0]}=... names one budget, and a search tries "
+                f"many; give one floor for every strategy, e.g. {option}=0.9")
     for given, option, why in (
             (settings.baseline, "--budgetbench-baseline", "compares fixed budgets"),
             (settings.shard, "--budgetbench-shard", "splits the items a probe needs whole")):

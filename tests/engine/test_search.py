@@ -146,6 +146,9 @@ def junit_records(junit: Path) -> dict[str, dict[str, Any]]:
     (["--budgets=search:512..4096", "--budgetbench-min-retention=0.9,rag@1024=0.5"],
      "ERROR: --budgets=search:512..4096: --budgetbench-min-retention=rag@1024=... names one "
      "budget, and a search tries many; *"),
+    (["--budgets=search:512..4096", "--budgetbench-min-answer-kept=0.9,rag@1024=0.5"],
+     "ERROR: --budgets=search:512..4096: --budgetbench-min-answer-kept=rag@1024=... names "
+     "one budget, and a search tries many; *"),
     (["--budgets=2048", "--budgetbench-max-safe-budget=2048"],
      "ERROR: --budgetbench-max-safe-budget gates the smallest safe budget a search finds: "
      "pass --budgets=search:LO..HI with it, *"),
@@ -156,7 +159,7 @@ def junit_records(junit: Path) -> dict[str, dict[str, Any]]:
 def test_bad_input_is_one_line_before_any_cell(
     pytester: pytest.Pytester, tmp_path: Path, extra: list[str], expected: str
 ) -> None:
-    floors = [] if any("min-retention" in a for a in extra) else FLOORS
+    floors = [] if any("min-retention" in a or "min-answer-kept" in a for a in extra) else FLOORS
     result = pytester.runpytest(*args(tmp_path, *floors, *extra))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([expected])
@@ -170,5 +173,6 @@ def test_a_search_without_a_floor_is_refused(pytester: pytest.Pytester, tmp_path
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([
         "ERROR: --budgets=search:512..4096 searches for the smallest budget that meets your "
-        "floors, and none is given: pass --budgetbench-min-retention=R and/or "
-        "--budgetbench-max-violation-rate=R, e.g. 0.9 and 0.05"])
+        "floors, and none is given: pass --budgetbench-min-retention=R, "
+        "--budgetbench-min-answer-kept=R and/or --budgetbench-max-violation-rate=R, e.g. 0.9 "
+        "and 0.05"])

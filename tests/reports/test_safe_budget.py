@@ -36,6 +36,18 @@ def test_retention_is_the_mean_over_admitted_items_with_each_items_repeats_avera
         "evidence retention 0.500 over 1 admitted items is below the floor 0.900",)
 
 
+def test_answer_kept_is_a_floor_judged_per_item_as_retention_is() -> None:
+    rows = [row("a", answer_kept=True), row("a", answer_kept=False), row("b", answer_kept=True),
+            row("c", answer_kept=None), row("d", "violation", answer_kept=False)]
+    probe = judge_probe(1024, rows, Floors(min_answer_kept=0.7))
+    assert (probe.answer_kept, probe.n_answer_kept) == (0.75, 2) and probe.passed
+    assert judge_probe(1024, rows, Floors(min_answer_kept=0.8)).reasons == (
+        "answer kept 0.750 over 2 admitted items is below the floor 0.800",)
+    assert judge_probe(1024, [row("c")], Floors(min_answer_kept=0.8)).reasons == (
+        "none of its admitted items has its answer in its evidence, so there is no answer "
+        "kept to judge",)
+
+
 def test_the_violation_rate_counts_admitted_and_over_budget_prompts_not_errors() -> None:
     rows = [row(str(i)) for i in range(19)] + [row("x", "violation"), row("y", "error")]
     probe = judge_probe(2048, rows, FLOORS)

@@ -29,6 +29,7 @@ class Floors:
 
     min_retention: float | None = None
     max_violation_rate: float | None = None
+    min_answer_kept: float | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ProbeOutcome:
     retention: float | None = None
     n_retention: int = 0
     answer_kept: float | None = None
+    n_answer_kept: int = 0
     reasons: tuple[str, ...] = ()
     items: Mapping[str, tuple[float, float | None]] = field(default_factory=dict)
 
@@ -58,14 +60,15 @@ class ProbeOutcome:
         return {"budget": self.budget, "n_ok": self.n_ok, "n_violation": self.n_violation,
                 "n_error": self.n_error, "retention": self.retention,
                 "n_retention": self.n_retention, "answer_kept": self.answer_kept,
-                "reasons": list(self.reasons)}
+                "n_answer_kept": self.n_answer_kept, "reasons": list(self.reasons)}
 
     @classmethod
     def from_record(cls, record: ProbeRecord) -> ProbeOutcome:
         """A probe as safe_budgets.jsonl keeps it (without its items)."""
         return cls(record["budget"], record["n_ok"], record["n_violation"],
                    record["n_error"], record["retention"], record["n_retention"],
-                   record.get("answer_kept"), tuple(record["reasons"]))
+                   record.get("answer_kept"), record.get("n_answer_kept", 0),
+                   tuple(record["reasons"]))
 
 
 def judge_probe(budget: int, rows: Iterable[Mapping[str, Any]], floors: Floors
@@ -75,7 +78,7 @@ def judge_probe(budget: int, rows: Iterable[Mapping[str, Any]], floors: Floors
     counts = {"ok": 0, "violation": 0, "error": 0}
     judged: dict[str, list[bool]] = defaultdict(list)
     kept: dict[str, list[float]] = defaultdict(list)
-    answers: list[bool] = []
+    answers: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         status = str(row["status"])
         counts[status] = counts.get(status, 0) + 1
@@ -87,15 +90,24 @@ def judge_probe(budget: int, rows: Iterable[Mapping[str, Any]], floors: Floors
             if row.get("evidence_retention") is not None:
                 kept[item].append(float(row["evidence_retention"]))
             if row.get("answer_kept") is not None:
-                answers.append(bool(row["answer_kept"]))
-    per_item = {item: sum(values) / len(values) for item, values in kept.items()}
-    retention = sum(per_item.values()) / len(per_item) if per_item else None
+                answers[item].append(float(bool(row["answer_kept"])))
+    per_item = _item_means(kept)
+    answer_items = _item_means(answers)
     outcome = ProbeOutcome(
-        budget, counts["ok"], counts["violation"], counts["error"], retention, len(per_item),
-        sum(answers) / len(answers) if answers else None,
+        budget, counts["ok"], counts["violation"], counts["error"], _mean(per_item),
+        len(per_item), _mean(answer_items), len(answer_items),
         items={item: (sum(admitted) / len(admitted), per_item.get(item))
                for item, admitted in judged.items()})
     return replace(outcome, reasons=_reasons(outcome, floors))
+
+
+def _item_means(values: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each item's mean over its repeats: an item counts once, as in the floor gates."""
+    return {item: sum(kept) / len(kept) for item, kept in values.items()}
+
+
+def _mean(per_item: Mapping[str, float]) -> float | None:
+    return sum(per_item.values()) / len(per_item) if per_item else None
 
 
 def _reasons(probe: ProbeOutcome, floors: Floors) -> tuple[str, ...]:
@@ -109,15 +121,21 @@ def _reasons(probe: ProbeOutcome, floors: Floors) -> tuple[str, ...]:
             reasons.append(f"violation rate {probe.violation_rate:.1%} ({probe.n_violation}/"
                            f"{judged} prompts) exceeds the maximum "
                            f"{floors.max_violation_rate:.1%}")
-    if floors.min_retention is not None:
-        if probe.retention is None:
-            why = ("none of its admitted items declares evidence" if probe.n_ok else
+    for floor, value, n, what, needs in (
+            (floors.min_retention, probe.retention, probe.n_retention, "evidence retention",
+             "declares evidence"),
+            (floors.min_answer_kept, probe.answer_kept, probe.n_answer_kept, "answer kept",
+             "has its answer in its evidence")):
+        if floor is None:
+            continue
+        if value is None:
+            why = (f"none of its admitted items {needs}" if probe.n_ok else
                    f"no prompt was admitted ({probe.n_violation} over budget, "
                    f"{probe.n_error} errored)")
-            reasons.append(f"{why}, so there is no evidence retention to judge")
-        elif probe.retention < floors.min_retention - RATE_EPS:
-            reasons.append(f"evidence retention {probe.retention:.3f} over {probe.n_retention} "
-                           f"admitted items is below the floor {floors.min_retention:.3f}")
+            reasons.append(f"{why}, so there is no {what} to judge")
+        elif value < floor - RATE_EPS:
+            reasons.append(f"{what} {value:.3f} over {n} admitted items is below the floor "
+                           f"{floor:.3f}")
     return tuple(reasons)
 
 
@@ -139,6 +157,7 @@ def safe_budget_record(task: str, strategy: str, search: BudgetSearch, floors: F
     record: SafeBudgetRecord = {
         "task": task, "strategy": strategy, "lo": search.lo, "hi": search.hi,
         "step": search.step, "min_retention": floors.min_retention,
+        "min_answer_kept": floors.min_answer_kept,
         "max_violation_rate": floors.max_violation_rate, "safe_budget": trace.safe,
         "below": below, "scanned": trace.scanned, "max_safe_budget": limit, "gate": None,
         "probes": [probe.record() for probe in trace.probes]}
