@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from pytest_budgetbench.testing import (
 from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from tests.fake_openai import FakeOpenAI
+from tests.strategies.frameworks.offline import run_offline
 from tests.strategy_helpers import ScriptedAux, memory_items
 from tests.sweeps import rows_of, sweep_args
 
@@ -252,12 +252,7 @@ def test_the_shipped_variant_counts_in_a_process_with_no_network_and_no_cache(
     """In a fresh process, every connection refused and tiktoken's cache empty: inspect's
     o200k_base count works, nothing is fetched, and nothing is left in the work dir."""
     work = tmp_path / "strategy-files"
-    code = (
-        "import socket, sys\n"
-        "def refuse(*args, **kwargs):\n"
-        "    print('NETWORK', args[1:] or kwargs, file=sys.stderr); raise OSError('no net')\n"
-        "socket.socket.connect = refuse\n"
-        "socket.getaddrinfo = refuse\n"
+    done = run_offline(
         "from pathlib import Path\n"
         "from pytest_budgetbench.strategies import load_strategy\n"
         "from pytest_budgetbench.strategies.base import StrategyContext\n"
@@ -266,11 +261,7 @@ def test_the_shipped_variant_counts_in_a_process_with_no_network_and_no_cache(
         f"ctx = StrategyContext(tokens=ApproxCounter(), work_dir=Path({str(work)!r}))\n"
         "s.reset(ctx)\n"
         "s.apply([{'role': 'user', 'content': 'hello world'}], 1000)\n"
-        "print(ctx.estimated_tokens)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty")})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "NETWORK" not in done.stderr
+        "print(ctx.estimated_tokens)\n", tmp_path / "empty")
     assert done.stdout.split()[-1] == "3"  # 2 o200k tokens, +10 % rounded down, +1 for tools
     assert list(work.iterdir()) == []
 

@@ -5,7 +5,6 @@ the runner's auxiliary model, and what a sweep makes of a LlamaIndex failure."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -61,6 +60,7 @@ from pytest_budgetbench.tokens.approximate import ApproxCounter
 from pytest_budgetbench.tokens.base import TokenCounter
 from pytest_budgetbench.tokens.gguf import GGUFCounter
 from tests.fake_openai import FakeOpenAI
+from tests.strategies.frameworks.offline import run_offline
 from tests.strategy_helpers import ScriptedAux, run_strategy
 from tests.sweeps import rows_of, sweep_args
 
@@ -359,18 +359,10 @@ def test_importing_llamaindex_and_its_tokenizer_reaches_no_network(tmp_path: Pat
     """In a fresh process, with every connection refused from the start: importing the
     bridge (llama_index.core, its memories) and loading its tokenizer connects nowhere and
     downloads nothing (no tiktoken encoding, no nltk data)."""
-    code = (
-        "import socket, sys\n"
-        "def refuse(*args, **kwargs):\n"
-        "    print('NETWORK', args[1:] or kwargs, file=sys.stderr); raise OSError('no net')\n"
-        "socket.socket.connect = refuse\n"
-        "socket.getaddrinfo = refuse\n"
+    run_offline(
         "from pytest_budgetbench.strategies.frameworks import _llamaindex_bridge as b\n"
         "assert b.shipped_tokenizer()('hello world') == [15339, 1917]\n"
-        "assert not [m for m in sys.modules if m.startswith('nltk')]\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path)})
-    assert done.returncode == 0 and "NETWORK" not in done.stderr, done.stderr
+        "assert not [m for m in sys.modules if m.startswith('nltk')]\n", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
