@@ -109,6 +109,13 @@ def test_the_core_install_runs_a_sweep_and_stops_a_missing_extra_before_any_cell
         assert errors == ["ERROR: strategy 'rag' needs the 'chromadb' package: "
                           "pip install 'pytest-budgetbench[retrieval]'"], rag.stderr
         assert "Traceback" not in rag.stdout + rag.stderr
+        # So does a framework's policy, naming its framework's extra.
+        framework = _sweep(bin_dir, project, fake,
+                           "--budgetbench-strategies=langchain_trim_messages")
+        assert framework.returncode == pytest.ExitCode.USAGE_ERROR, framework.stderr
+        assert [line for line in framework.stderr.splitlines() if line.startswith("ERROR:")
+                ] == ["ERROR: strategy 'langchain_trim_messages' needs the 'langchain-core' "
+                      "package: pip install 'pytest-budgetbench[langchain]'"], framework.stderr
         assert len(fake.requests) == requests
         assert set(project.glob("reports/*")) == runs
     finally:
