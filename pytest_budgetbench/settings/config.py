@@ -723,13 +723,13 @@ def check_search(settings: Settings) -> None:
     flag = f"--budgets={search.text}"
     floors = (("--budgetbench-min-retention", settings.min_retention or {}),
               ("--budgetbench-min-answer-kept", settings.min_answer_kept or {}))
-    if not any(given for _flag, given in floors) and settings.max_violation_rate is None:
+    if not any(floor for _flag, floor in floors) and settings.max_violation_rate is None:
         raise ConfigError(
             f"{flag} searches for the smallest budget that meets your floors, and none is "
             "given: pass --budgetbench-min-retention=R, --budgetbench-min-answer-kept=R "
             "and/or --budgetbench-max-violation-rate=R, e.g. 0.9 and 0.05")
-    for option, given in floors:
-        named = sorted(given.keys() - {""})
+    for option, floor in floors:
+        named = sorted(floor.keys() - {""})
         if named:
             raise ConfigError(
                 f"{flag}: {option}={named[0]}=... names one budget, and a search tries "

@@ -33,12 +33,18 @@ class FrameworkPolicy(Strategy):
     """Whether the framework is handed the run's counter (the ``_exact`` variant)."""
     shipped_counter: ClassVar[str] = ""
     """The name of the counter the framework trims by as shipped."""
+    sizes_prompt: ClassVar[bool] = True
+    """Whether the framework's parameter bounds the whole prompt, so that with the run's
+    counter (the ``_exact`` variant) it means to fit the budget. False where the budget is
+    a trigger (a middleware's, inspect's threshold) or bounds a part of the prompt
+    (LlamaIndex's memory), or the policy falls back to the whole history (OpenHands'
+    condenser where no summary call fits)."""
     handles_tools = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # As shipped, the framework's own counter decides what fits, and may be wrong.
-        cls.fits_budget = cls.exact
+        cls.fits_budget = cls.exact and cls.sizes_prompt
 
     @property
     def counter_name(self) -> str:

@@ -151,13 +151,10 @@ class InspectCompaction(FrameworkPolicy):
     regimes = frozenset({Regime.LOCAL_ONLY, Regime.RESET_PER_ITEM})
     requires: ClassVar[tuple[Requirement, ...]] = (INSPECT, O200K)
     declared_options: ClassVar[tuple[Option, ...]] = (THRESHOLD, MEMORY)
+    # Not even with the exact counter can inspect always reach its threshold (see the
+    # module docstring): what it sends over the budget is what a sweep measures.
+    sizes_prompt = False
     _conversation: Conversation | None = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # Not even with the exact counter can inspect always reach its threshold (see the
-        # module docstring): what it sends over the budget is what a sweep measures.
-        cls.fits_budget = False
 
     def compaction_strategy(self) -> CompactionStrategy:
         """inspect's strategy object, with the cell's options."""

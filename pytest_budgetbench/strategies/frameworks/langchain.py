@@ -179,14 +179,6 @@ class LangChainPolicy(FrameworkPolicy):
     framework = "langchain"
     shipped_counter = "count_tokens_approximately"
     requires: ClassVar[tuple[Requirement, ...]] = (CORE,)
-    sizes_prompt: ClassVar[bool] = True
-    """Whether the budget is the size LangChain trims to (``max_tokens``), not a trigger:
-    only then does the ``_exact`` variant mean to fit it."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.fits_budget = cls.exact and cls.sizes_prompt
-
     def option(self, option: Option) -> Any:
         return self.context.options.get(option.key, option.default)
 

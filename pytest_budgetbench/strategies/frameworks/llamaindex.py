@@ -128,11 +128,7 @@ class LlamaIndexPolicy(FrameworkPolicy):
     framework = "llama_index"
     shipped_counter = "tiktoken cl100k_base"
     requires = (Requirement("llama_index.core", "llamaindex", "llama-index-core"),)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # LlamaIndex bounds only the memory it holds, even with the run's tokenizer.
-        cls.fits_budget = False
+    sizes_prompt = False  # it bounds only the memory it holds, even with the run's tokenizer
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         li = bridge()

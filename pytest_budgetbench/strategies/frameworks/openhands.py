@@ -292,6 +292,9 @@ class OpenHandsLLMSummarizing(OpenHandsPolicy):
     policy = "LLMSummarizingCondenser"
     regimes = frozenset({Regime.AUXILIARY_MODEL, Regime.RESET_PER_ITEM})
     declared_options = OPTIONS
+    # Even with the run's counter it falls back to the uncondensed view where no summary
+    # call of OpenHands' fits the budget (see the module).
+    sizes_prompt = False
 
     def apply(self, messages: Sequence[Message], budget: int) -> list[Message]:
         import_sdk()
@@ -369,10 +372,6 @@ class OpenHandsLLMSummarizingExact(OpenHandsLLMSummarizing):
     name = "openhands_llm_summarizing_exact"
     exact = True
 
-
-# Even with the run's counter the summariser falls back to the uncondensed view where no
-# summary call of OpenHands' fits the budget (see the module): not held to fitting.
-OpenHandsLLMSummarizingExact.fits_budget = False
 
 
 def _event_ends(messages: Sequence[Message]) -> list[int]:
