@@ -6,9 +6,10 @@ Runs, ``--repeats`` times in a fresh process (``pytest -n 2 --budgetbench-only``
 empty project: the machine's two cores; exact counts with the default model's GGUF; each
 time a fresh out directory and count cache), the sweep of issue 40's "done when": every
 framework policy that calls no model, as shipped and ``_exact``, over ``memory``,
-``longmemeval`` (the shared oracle subset) and teacher-forced ``bfcl_multi_turn_long_context``, 20 items, budgets
-1024/2048/4096, ``--budgetbench-model=none``. It prints each wall time, their median and the
-load average, then, from the last run, per policy and budget: the violation rate, the
+``longmemeval`` (the shared oracle subset) and teacher-forced
+``bfcl_multi_turn_long_context``, 20 items, budgets 1024/2048/4096,
+``--budgetbench-model=none``. It prints each wall time, their median and the load average,
+then, from the last run, per policy and budget: the violation rate, the
 counter error (exact count - the framework's own: median, p95, max), the violations the
 framework's counter let through, evidence retention and answer kept (docs/frameworks.md
 gives these).
