@@ -50,6 +50,10 @@ def _ci(s: CellSummary) -> str:
     return f"[{s.quality_lo:.2f}, {s.quality_hi:.2f}]"
 
 
+NAME_WIDTH = 22
+"""The strategy column's width, wider where a name is longer."""
+
+
 def format_table(stats: list[CellSummary]) -> list[str]:
     """The table's lines; agent episodes add their calls and tokens per episode (and
     ``tokens`` is then an episode's largest call, the one the budget bounds). The last
@@ -62,7 +66,9 @@ def format_table(stats: list[CellSummary]) -> list[str]:
     episodes = any(s.calls_mean is not None for s in stats)
     forced = any(s.name_accuracy_mean is not None for s in stats)
     answers = any(s.answer_kept_mean is not None for s in stats)
-    header = (f"{'strategy':<22} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
+    names = [s.strategy + (" (ref)" if s.reference else "") for s in stats]
+    width = max([NAME_WIDTH, *map(len, names)])  # a framework's policy names run long
+    header = (f"{'strategy':<{width}} {'budget':>7} {'n':>4} {'admitted':>8} {'quality':>8} "
               f"{'95% CI':>12} {'viol.rate':>9} {'tokens':>8} {'p50 model s':>11} "
               f"{'errors':>6}")
     if episodes:
@@ -73,10 +79,9 @@ def format_table(stats: list[CellSummary]) -> list[str]:
     if answers:
         header += f" {'ans.kept':>8} {'unique':>6}"
     lines = [header, "-" * len(header)]
-    for s in stats:
-        name = s.strategy + (" (ref)" if s.reference else "")
+    for s, name in zip(stats, names, strict=True):
         line = (
-            f"{name:<22} {s.budget:>7} {s.n_cells:>4} {s.n_ok:>8} "
+            f"{name:<{width}} {s.budget:>7} {s.n_cells:>4} {s.n_ok:>8} "
             f"{_fmt(s.quality_mean, '.3f'):>8} {_ci(s):>12} {_fmt(s.violation_rate, '.3f'):>9} "
             f"{_fmt(s.tokens_mean, '.0f'):>8} {_fmt(s.model_s_p50, '.2f'):>11} {s.n_error:>6}"
         )

@@ -194,3 +194,4 @@ def test_the_report_command_gates_on_answer_kept(tmp_path: Path) -> None:
     assert main([*common, "--min-answer-kept=0.5"]) == 1
     assert main([*common, "--min-answer-kept=summary@500=0.4"]) == 0
     assert main([*common, "--min-answer-kept=rag@500=0.4"]) == 2  # a cell not recorded
+
