@@ -101,12 +101,7 @@ def tradeoff_plot(
     title = f"{task}: quality vs {x_label.split(' (')[0]}"
     # Titles and legends show data strings as plain text (matplotlib never interprets HTML),
     # but mathtext would treat '$' specially, so it is escaped.
-    ax.set_title(_plain(title))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    _finish_chart(plt, fig, ax, title, path)
     return Plot(kind, task, title, path)
 
 
@@ -173,15 +168,20 @@ def safe_budget_plots(records: Sequence[Mapping[str, Any]], out_dir: Path) -> li
         ax.set_xlabel("budget (tokens)")
         ax.set_ylabel("mean evidence retention (admitted items)")
         title = f"{task}: retention against budget, safe budgets marked"
-        ax.set_title(_plain(title))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-        fig.tight_layout()
         path = out_dir / f"{safe_name(task, index)}_safe_budget.png"
-        fig.savefig(path, dpi=DPI)
-        plt.close(fig)
+        _finish_chart(plt, fig, ax, title, path)
         plots.append(Plot("safe_budget", task, title, path))
     return plots
+
+
+def _finish_chart(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> None:
+    """A line chart's title, grid and legend, written to ``path`` and closed."""
+    ax.set_title(_plain(title))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
 
 
 def _plain(text: str) -> str:

@@ -3,7 +3,10 @@ the retention and violation gates judge them, and the gate on a safe budget."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pytest_budgetbench.reports.gates.safe_budget import (
     Floors,
@@ -91,3 +94,19 @@ def test_a_bare_maximum_gates_every_strategy_but_a_reference_which_needs_its_nam
     assert max_safe_budget(limits, "full_context", reference=True) == 4096
     assert max_safe_budget({"": 2048}, "full_context", reference=True) is None
     assert max_safe_budget({}, "rag", reference=False) is None
+
+
+def test_the_search_plot_is_written_per_task(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from pytest_budgetbench.reports.plots import safe_budget_plots
+
+    search = BudgetSearch(512, 1024)
+    probes = [judge_probe(b, [row("a", kept=k)], FLOORS) for b, k in ((1024, 1.0), (512, 0.5))]
+    records = [safe_budget_record(task, "truncation", search, FLOORS,
+                                  SearchTrace(1024, probes), None)
+               for task in ("memory", "needle")]
+    plots = safe_budget_plots(records, tmp_path)
+    assert [plot.task for plot in plots] == ["memory", "needle"]
+    for plot in plots:
+        assert plot.path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert plot.title == f"{plot.task}: retention against budget, safe budgets marked"
