@@ -18,7 +18,6 @@ into the trajectory (``{"t": i}``) and the messages the strategy made (``{"m": .
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -32,6 +31,7 @@ from pytest_budgetbench.messages import Message, Tool, shared_call_id, shared_pr
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
 from pytest_budgetbench.records.rows import CellRow
+from pytest_budgetbench.reports.summary import percentile
 from pytest_budgetbench.tasks import Environment, ReferenceStep, StepScore
 from pytest_budgetbench.tokens.base import TokenCounter, message_key, prompt_sha256
 
@@ -82,12 +82,6 @@ def prompt_entries(
             entries.append({"t": found})
             after = found
     return entries
-
-
-def percentile(values: Sequence[int], fraction: float) -> int:
-    """The nearest-rank percentile (p95 of 20 calls is the 19th smallest)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 class EpisodeCell(Protocol):

@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import compress
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports.gates.verdicts import violation_rate
@@ -287,6 +287,16 @@ def _present_values(values: Sequence[Any], positions: list[list[int]]) -> list[l
 
 def _is_value(value: Any) -> bool:
     return value is not None and value == value  # NaN is missing
+
+
+Number = TypeVar("Number", int, float)
+
+
+def percentile(values: Sequence[Number], fraction: float) -> Number:
+    """The nearest-rank percentile of ``values`` (non-empty): a value that occurred (p95 of
+    20 values is the 19th smallest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 def _mean(values: Sequence[float]) -> float | None:

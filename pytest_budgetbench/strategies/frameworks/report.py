@@ -15,16 +15,15 @@ Any strategy that records an estimate is in the table; one that records none is 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports.extensions import ExtraTable
 from pytest_budgetbench.reports.render import Column, col, integer, num, percent
+from pytest_budgetbench.reports.summary import percentile
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,12 +47,6 @@ VIEW: tuple[Column, ...] = (
     col("violations", "violations", integer),
     col("caused by its counter", "violations_caused", integer),
 )
-
-
-def nearest_rank(values: Sequence[float], share: float) -> float:
-    """The nearest-rank percentile of ``values`` (non-empty): a value that occurred."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
 
 
 def error_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -82,7 +75,7 @@ def _record(key: tuple[str, str, int], cells: list[tuple[float, float, int, str]
     return {
         "task": task, "strategy": strategy, "budget": budget, "cells": len(cells),
         "error_median": statistics.median(errors),
-        "error_p95": nearest_rank(errors, 0.95),
+        "error_p95": percentile(errors, 0.95),
         "error_max": max(errors),
         "undercounted": sum(e > 0 for e in errors) / len(errors),
         "violations": len(violations),

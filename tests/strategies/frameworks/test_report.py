@@ -12,8 +12,8 @@ from pytest_budgetbench.records.episodes import EPISODES_FILE, read_episodes
 from pytest_budgetbench.records.prompts import PROMPTS_FILE, read_prompts
 from pytest_budgetbench.records.rows import Status
 from pytest_budgetbench.reports import build_report
+from pytest_budgetbench.reports.summary import percentile
 from pytest_budgetbench.reports.synthetic import make_row, write_run
-from pytest_budgetbench.strategies.frameworks.report import nearest_rank
 from tests.fake_openai import FakeOpenAI, agent_responder
 from tests.sweeps import rows_of, sweep_args
 
@@ -51,11 +51,11 @@ def test_the_error_is_exact_minus_estimate_and_violations_are_split_by_cause(
     assert "own count against the exact count" in (tmp_path / "out" / "report.md").read_text()
 
 
-def test_nearest_rank_is_a_value_that_occurred() -> None:
+def test_the_p95_is_the_nearest_rank_a_value_that_occurred() -> None:
     values = [float(v) for v in range(1, 21)]
-    assert nearest_rank(values, 0.95) == 19.0
-    assert nearest_rank([3.0], 0.95) == 3.0
-    assert nearest_rank([5.0, 1.0], 0.5) == 1.0
+    assert percentile(values, 0.95) == 19.0
+    assert percentile([3.0], 0.95) == 3.0
+    assert percentile([5.0, 1.0], 0.5) == 1.0
 
 
 COUNTING = """
