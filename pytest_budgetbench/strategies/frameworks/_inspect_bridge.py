@@ -27,7 +27,6 @@ import asyncio
 import copy
 import hashlib
 import importlib.metadata
-import os
 import struct
 import sys
 import tempfile
@@ -58,6 +57,7 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 from pytest_budgetbench.errors import StrategyError
 from pytest_budgetbench.messages import Message, Tool, exchanges, split_ends
 from pytest_budgetbench.strategies.base import StrategyContext
+from pytest_budgetbench.strategies.frameworks._policy import tiktoken_cache
 
 T = TypeVar("T")
 
@@ -131,15 +131,8 @@ def ensure_o200k(work_dir: Path | None) -> None:
             work_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=work_dir, prefix="tiktoken-") as cache:
             Path(cache, hashlib.sha1(O200K_URL.encode()).hexdigest()).write_bytes(data)
-            before = os.environ.get("TIKTOKEN_CACHE_DIR")
-            os.environ["TIKTOKEN_CACHE_DIR"] = cache
-            try:
+            with tiktoken_cache(cache):
                 tiktoken.get_encoding("o200k_base")
-            finally:
-                if before is None:
-                    del os.environ["TIKTOKEN_CACHE_DIR"]
-                else:
-                    os.environ["TIKTOKEN_CACHE_DIR"] = before
 
 
 # -- messages ----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from pytest_budgetbench.canonical import canonical_json
 from pytest_budgetbench.errors import StrategyError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import AuxiliaryModel
+from pytest_budgetbench.strategies.frameworks._policy import tiktoken_cache
 
 Tokenizer = Callable[[str], list[Any]]
 T = TypeVar("T")
@@ -124,16 +125,8 @@ def shipped_tokenizer() -> Tokenizer:
     a set directory that lacks it; the first call here points it there either way (the
     file is the same encoding, checked by tiktoken against its hash)."""
     if llama_index.core.global_tokenizer is None:
-        with _TOKENIZER_LOCK:
-            saved = os.environ.get("TIKTOKEN_CACHE_DIR")
-            os.environ["TIKTOKEN_CACHE_DIR"] = SHIPPED_CACHE
-            try:
-                get_tokenizer()
-            finally:
-                if saved is None:
-                    os.environ.pop("TIKTOKEN_CACHE_DIR", None)
-                else:
-                    os.environ["TIKTOKEN_CACHE_DIR"] = saved
+        with _TOKENIZER_LOCK, tiktoken_cache(SHIPPED_CACHE):
+            get_tokenizer()
     return get_tokenizer()
 
 

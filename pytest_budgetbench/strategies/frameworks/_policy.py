@@ -11,7 +11,9 @@ prompt as the model sees it, tools included.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from pytest_budgetbench.errors import StrategyError
@@ -79,3 +81,19 @@ def refuse_parts(messages: Iterable[Message], framework: str,
                     f"{framework} cannot carry a '{kind}' content part (message {index}, "
                     f"role {message.get('role')}): its messages take only "
                     f"{', '.join(sorted(carried))} parts; use a task without them")
+
+
+@contextmanager
+def tiktoken_cache(directory: str) -> Iterator[None]:
+    """tiktoken reads (and would download into) ``TIKTOKEN_CACHE_DIR``: point it at
+    ``directory``, which holds the encoding a framework counts with, for one load, and
+    restore the variable as it was (set or not) afterwards."""
+    before = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = directory
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = before
