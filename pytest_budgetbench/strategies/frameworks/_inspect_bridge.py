@@ -23,16 +23,15 @@ counts with the run's counter instead.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import hashlib
 import importlib.metadata
 import struct
 import sys
 import tempfile
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from inspect_ai._util.registry import RegistryInfo, registry_tag
 from inspect_ai.agent._bridge.completions import tools_from_openai_tools
@@ -57,9 +56,7 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 from pytest_budgetbench.errors import StrategyError
 from pytest_budgetbench.messages import Message, Tool, exchanges, split_ends
 from pytest_budgetbench.strategies.base import StrategyContext
-from pytest_budgetbench.strategies.frameworks._policy import tiktoken_cache
-
-T = TypeVar("T")
+from pytest_budgetbench.strategies.frameworks._policy import private_loop, tiktoken_cache
 
 # What inspect's public messages_from_openai checks on every call (the openai package's
 # version, read from its metadata: 10 ms a message), checked once here.
@@ -136,17 +133,6 @@ def ensure_o200k(work_dir: Path | None) -> None:
 
 
 # -- messages ----------------------------------------------------------------------------
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run inspect's coroutine in a private event loop (the runner calls ``apply`` from a
-    worker thread, where a running loop may or may not exist)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-
-
 class Converter:
     """OpenAI messages <-> inspect ChatMessages for one conversation (see the module
     docstring); ``originals`` maps an id to the caller's message, ``calls`` a tool call id to
@@ -324,7 +310,7 @@ class Conversation:
     def advance(self, messages: Sequence[Message]) -> tuple[list[Message], int]:
         """The prompt inspect gives for the whole of ``messages`` and inspect's own count of
         it (its tools' tokens plus its messages', as its handler adds them)."""
-        return run(self._advance(messages))
+        return private_loop(self._advance(messages))
 
     async def _advance(self, messages: Sequence[Message]) -> tuple[list[Message], int]:
         self.chats += await self.converter.to_inspect(messages[len(self.seen):], len(self.seen))

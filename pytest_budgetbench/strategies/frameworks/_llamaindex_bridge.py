@@ -18,12 +18,11 @@ Parts other than text are refused before conversion (``refuse_parts``).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
 import threading
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import llama_index.core
 from llama_index.core.base.llms.types import (
@@ -46,10 +45,9 @@ from pytest_budgetbench.canonical import canonical_json
 from pytest_budgetbench.errors import StrategyError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import AuxiliaryModel
-from pytest_budgetbench.strategies.frameworks._policy import tiktoken_cache
+from pytest_budgetbench.strategies.frameworks._policy import private_loop, tiktoken_cache
 
 Tokenizer = Callable[[str], list[Any]]
-T = TypeVar("T")
 
 SUMMARY_PURPOSE = "llamaindex/summary"
 SHIPPED_CACHE = os.path.join(os.path.dirname(llama_index.core.utils.__file__),
@@ -249,13 +247,3 @@ def memory(history: list[ChatMessage], token_limit: int, tokenizer: Tokenizer,
 def memory_count(built: Memory, messages: Sequence[ChatMessage]) -> int:
     """How ``Memory`` counts: its per-message estimate (text blocks, additional_kwargs)."""
     return sum(built._estimate_token_count(m) for m in messages)
-
-
-def private_loop(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run ``coroutine`` on an event loop of its own (the runner calls ``apply`` from a
-    worker thread, and ``asyncio.run`` refuses to run inside a running loop)."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coroutine)
-    finally:
-        loop.close()

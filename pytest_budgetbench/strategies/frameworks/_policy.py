@@ -11,14 +11,17 @@ prompt as the model sees it, tools included.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pytest_budgetbench.errors import StrategyError
 from pytest_budgetbench.messages import Message
 from pytest_budgetbench.strategies.base import Strategy
+
+T = TypeVar("T")
 
 EXACT_COUNTER = "exact"
 """``strategy_info.framework.counter`` of an ``_exact`` variant: the run's own counter."""
@@ -97,3 +100,14 @@ def tiktoken_cache(directory: str) -> Iterator[None]:
             os.environ.pop("TIKTOKEN_CACHE_DIR", None)
         else:
             os.environ["TIKTOKEN_CACHE_DIR"] = before
+
+
+def private_loop(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a framework's coroutine on an event loop of its own: the runner calls ``apply``
+    from a worker thread, and ``asyncio.run`` refuses to run inside a running loop."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
