@@ -1,11 +1,15 @@
-"""The embedded llama.cpp server's thread count and OpenMP wait policy, idle and under load.
+"""The embedded llama.cpp server: which server, its thread count and OpenMP wait policy,
+idle and under load.
 
-    .venv/bin/python benchmarks/bench_server_threads.py [--threads 2,1]
-        [--policies ACTIVE,PASSIVE] [--loads idle,busy] [--prompts 1000,3000] [--repeats 1]
+    .venv/bin/python benchmarks/bench_server_threads.py [--servers llama-server,llama-cpp-python]
+        [--threads 2,1] [--policies ACTIVE,PASSIVE] [--loads idle,busy] [--prompts 1000,3000]
+        [--repeats 1]
 
-For each load x threads x policy it starts the plugin's own :class:`EmbeddedServer` (the
-GGUF the plugin serves, its pinned flags; ``--policies unset`` leaves OMP_WAIT_POLICY out
-of the environment, as before the wait policy was pinned) and measures:
+For each load x server x threads x policy it starts the plugin's own
+:class:`EmbeddedServer` (the GGUF the plugin serves, its pinned flags; ``llama-server`` is
+llama.cpp's own, which .ci/install builds, ``llama-cpp-python`` the library's server;
+``--policies unset`` leaves OMP_WAIT_POLICY out of the environment, as before the wait
+policy was pinned) and measures:
 
 - prompt tok/s on prompts of about 1K and 3K tokens (each starts with a fresh nonce, so no
   KV cache is reused; one answer token), and the server's CPU seconds for each;
@@ -22,6 +26,7 @@ what else runs (the busy loop itself adds about 1 to the rows after it).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import secrets
 import subprocess
@@ -80,13 +85,16 @@ def prompt_of(tokens: int) -> str:
     return f"{secrets.token_hex(8)}\n{sentences}\nWhich sentence mentions sacks first?"
 
 
-def measure_row(threads: int, policy: str, busy: bool, prompts: list[int],
+def measure_row(server_kind: str, threads: int, policy: str, busy: bool, prompts: list[int],
                 log_dir: Path) -> dict[str, Measure]:
     loop = None
     if busy:
         loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=1800)])
     server = EmbeddedServer(n_ctx=8192, threads=threads, log_path=log_dir / "server.log",
-                            wait_policy=None if policy == "unset" else policy)
+                            wait_policy=None if policy == "unset" else policy,
+                            prefer_llama_server=server_kind == "llama-server")
+    if server.server != server_kind:
+        raise SystemExit(f"{server_kind} is not installed (bash .ci/install builds it)")
     try:
         server.start()
         request(server, "Hello", 1)  # warm: the first request pays for buffers
@@ -107,6 +115,7 @@ def measure_row(threads: int, policy: str, busy: bool, prompts: list[int],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", default="llama-server,llama-cpp-python")
     parser.add_argument("--threads", default="2,1")
     parser.add_argument("--policies", default="ACTIVE,PASSIVE",
                         help="OMP_WAIT_POLICY values; 'unset' leaves it out")
@@ -118,26 +127,26 @@ def main() -> None:
     load1, load5, _ = os.getloadavg()
     print(f"cores {os.cpu_count()}, load average at start {load1:.2f} (1 min), "
           f"{load5:.2f} (5 min); model {embedded_model().alias}")
-    header = f"{'load':<6}{'threads':>8}{'policy':>9}"
+    header = f"{'load':<6}{'server':>17}{'threads':>8}{'policy':>9}"
     for size in prompts:
         header += f"{f'~{size} tok/s':>12}{'cpu s':>7}"
     print(header + f"{'decode tok/s':>14}{'cpu s':>7}{'idle cpu s/3s':>15}{'load1':>7}")
     with tempfile.TemporaryDirectory() as log_dir:
         for load in args.loads.split(","):
-            for threads in map(int, args.threads.split(",")):
-                for policy in args.policies.split(","):
-                    for _ in range(args.repeats):
-                        load_now = os.getloadavg()[0]  # others' work moves it; it is per row
-                        row = measure_row(threads, policy, load == "busy", prompts,
-                                          Path(log_dir))
-                        line = f"{load:<6}{threads:>8}{policy:>9}"
-                        for size in prompts:
-                            m = row[f"prompt {size}"]
-                            line += f"{m.per_s:>12.1f}{m.cpu_s:>7.1f}"
-                        decode = row["decode"]
-                        print(line + f"{decode.per_s:>14.1f}{decode.cpu_s:>7.1f}"
-                              f"{row['idle'].cpu_s:>15.2f}{load_now:>7.2f}", flush=True)
-
+            for _ in range(args.repeats):  # alternating servers: drifts hit both
+                for kind, threads, policy in itertools.product(
+                        args.servers.split(","), map(int, args.threads.split(",")),
+                        args.policies.split(",")):
+                    load_now = os.getloadavg()[0]  # others' work moves it; it is per row
+                    row = measure_row(kind, threads, policy, load == "busy", prompts,
+                                      Path(log_dir))
+                    line = f"{load:<6}{kind:>17}{threads:>8}{policy:>9}"
+                    for size in prompts:
+                        m = row[f"prompt {size}"]
+                        line += f"{m.per_s:>12.1f}{m.cpu_s:>7.1f}"
+                    decode = row["decode"]
+                    print(line + f"{decode.per_s:>14.1f}{decode.cpu_s:>7.1f}"
+                          f"{row['idle'].cpu_s:>15.2f}{load_now:>7.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,13 @@
-"""The embedded llama.cpp server's process: ``python -m llama_cpp.server`` (through
-:mod:`~pytest_budgetbench.embedded_server.serve`) on 127.0.0.1 with
-pinned flags, started once, its log, its readiness, and its stop (with the sweep's death too).
+"""The embedded llama.cpp server's process on 127.0.0.1 with pinned flags, started once, its
+log, its readiness, and its stop (with the sweep's death too).
+
+The server is llama.cpp's own ``llama-server`` where the install built one (.ci/install links
+it beside the venv's python; ``$BUDGETBENCH_LLAMA_SERVER`` names another), else
+llama-cpp-python's (``python -m llama_cpp.server`` through
+:mod:`~pytest_budgetbench.embedded_server.serve`). Both load the same GGUF with the same
+flags; llama-server evaluates prompts about twice as fast on two cores (the library's server
+path loses half of what the library itself does: benchmarks/bench_server_threads.py), and
+renders and parses tool calls through llama.cpp's own chat code.
 """
 
 from __future__ import annotations
@@ -25,8 +32,14 @@ PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context",
                   "pydantic_settings")
 """What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
+LLAMA_SERVER_ENV = "BUDGETBENCH_LLAMA_SERVER"
+"""Names the ``llama-server`` binary to serve the embedded model with."""
+LLAMA_SERVER = "llama-server"
+"""llama.cpp's own server; ``.ci/install`` builds it and links it beside the venv's python."""
 SERVE_MODULE = "pytest_budgetbench.embedded_server.serve"
 """``llama_cpp.server``, run with tool calls' arguments rendered as objects (its module)."""
+PORT_TAKEN_LINES = ("address already in use", "couldn't bind http server socket")
+"""What llama-cpp-python's server (uvicorn) and llama-server log when their port is taken."""
 READY_TIMEOUT_S = 120.0
 """How long one launch of the embedded server may take to answer /models."""
 POLL_TIMEOUT_S = 2.0
@@ -57,6 +70,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def llama_server_program() -> Path | None:
+    """The ``llama-server`` to serve with: ``$BUDGETBENCH_LLAMA_SERVER`` (which must exist:
+    checked at start), else the one beside this interpreter, else None (llama-cpp-python's
+    server is used)."""
+    named = os.environ.get(LLAMA_SERVER_ENV)
+    if named:
+        return Path(named)
+    beside = Path(sys.executable).parent / LLAMA_SERVER
+    return beside if beside.exists() else None
+
+
 WAIT_POLICY = "PASSIVE"
 """The embedded server's ``OMP_WAIT_POLICY``. llama.cpp's OpenMP threads otherwise spin
 at every barrier and for a while after each request, taking the cores from the sweep's
@@ -65,21 +89,27 @@ no output (see benchmarks/bench_server_threads.py for what it costs and saves)."
 
 
 class EmbeddedServer:
-    """``llama_cpp.server`` on 127.0.0.1 serving an embedded model (embedded.models), started once.
+    """llama.cpp's server on 127.0.0.1 serving an embedded model (embedded.models), started
+    once: ``llama-server`` where :func:`llama_server_program` finds one, else
+    llama-cpp-python's.
 
-    The flags are pinned, because llama-cpp-python's defaults (one thread, logits_all)
-    are slow, and flash attention changes the generated text; every row records them
-    (:attr:`recorded_flags`), with the environment the server runs in (:attr:`env`).
-    Building one reads no more than the GGUF's path: :meth:`start` starts it.
+    The flags are pinned, because the servers' defaults differ (llama-cpp-python: one
+    thread, logits_all; llama-server: four slots sharing the context, flash attention on
+    where it runs) and flash attention changes the generated text; every row records them
+    (:attr:`recorded_flags`), with which server and the environment it runs in
+    (:attr:`env`). Building one reads no more than the GGUF's path: :meth:`start` starts it.
     """
 
     def __init__(self, n_ctx: int, threads: int | None, log_path: Path,
                  model_name: str | None = None, *,
-                 wait_policy: str | None = WAIT_POLICY) -> None:
+                 wait_policy: str | None = WAIT_POLICY,
+                 prefer_llama_server: bool = True) -> None:
         self.model = models.embedded_model(model_name)
         self.model_path = models.gguf_path(self.model)
         self.port = free_port()
         self.threads = threads or usable_cores()
+        self.program = llama_server_program() if prefer_llama_server else None
+        """llama-server's binary, or None for llama-cpp-python's server."""
         self.env: dict[str, str] = {} if wait_policy is None else {
             "OMP_WAIT_POLICY": wait_policy}
         """Set in the server's environment only, never in this process's."""
@@ -88,10 +118,11 @@ class EmbeddedServer:
             "n_threads": self.threads,
             "n_threads_batch": self.threads,
             "n_batch": 512,
-            "logits_all": False,
             "flash_attn": False,
             "seed": 0,
         }
+        if self.program is None:
+            self.flags["logits_all"] = False
         self.log_path = log_path
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -105,20 +136,33 @@ class EmbeddedServer:
         return self._process.pid if self._process is not None else None
 
     @property
+    def server(self) -> str:
+        """Which server answers: ``llama-server`` or ``llama-cpp-python``."""
+        return LLAMA_SERVER if self.program is not None else "llama-cpp-python"
+
+    @property
     def recorded_flags(self) -> dict[str, Any]:
-        """What a row's ``server_flags`` says: the command's flags, how the server hands
-        tool calls' arguments to the chat template (``embedded.serve``) and the
-        environment."""
-        return {**self.flags, "tool_arguments": "object", **self.env}
+        """What a row's ``server_flags`` says: the server, its flags, how it hands tool
+        calls' arguments to the chat template (as objects: llama-server's own chat code,
+        ``embedded.serve`` for llama-cpp-python's) and the environment."""
+        return {"server": self.server, **self.flags, "tool_arguments": "object", **self.env}
 
     def child_environment(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
     def check_startable(self) -> None:
-        """What can be known without starting it, cheaply: llama-cpp-python and its server
-        extra are installed (the GGUF was found when this object was built)."""
+        """What can be known without starting it, cheaply: the named llama-server exists,
+        or llama-cpp-python and its server extra are installed (the GGUF was found when
+        this object was built)."""
         import importlib.util
 
+        if self.program is not None:
+            if not os.access(self.program, os.X_OK):
+                raise EmbeddedServerError(
+                    f"{LLAMA_SERVER_ENV}={self.program} is not an executable file: point it "
+                    "at a llama-server binary, or unset it to use the one .ci/install builds"
+                )
+            return
         missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
         if missing:
             raise EmbeddedServerError(
@@ -128,12 +172,28 @@ class EmbeddedServer:
             )
 
     def command(self) -> list[str]:
+        if self.program is not None:
+            return self._llama_server_command(self.program)
         argv = [sys.executable, "-m", SERVE_MODULE, "--model", str(self.model_path),
                 "--model_alias", self.model.alias, "--host", "127.0.0.1",
                 "--port", str(self.port)]
         for key, value in self.flags.items():
             argv += [f"--{key}", str(value)]
         return argv
+
+    def _llama_server_command(self, program: Path) -> list[str]:
+        """llama-server's flags for :attr:`flags`. One slot (``-np 1``): its default splits
+        the context among four, so a prompt of the largest budget would not fit; requests
+        queue as they do in llama-cpp-python's server. ``--jinja``: the GGUF's own chat
+        template, tools included. No web UI."""
+        flags = self.flags
+        return [str(program), "--model", str(self.model_path), "--alias", self.model.alias,
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--ctx-size", str(flags["n_ctx"]), "--threads", str(flags["n_threads"]),
+                "--threads-batch", str(flags["n_threads_batch"]),
+                "--batch-size", str(flags["n_batch"]), "--ubatch-size", str(flags["n_batch"]),
+                "--flash-attn", "on" if flags["flash_attn"] else "off",
+                "--seed", str(flags["seed"]), "--parallel", "1", "--jinja", "--no-webui"]
 
     def start(self, ready_timeout: float = READY_TIMEOUT_S) -> None:
         self.check_startable()
@@ -142,7 +202,8 @@ class EmbeddedServer:
             self._launch(ready_timeout)
         except EmbeddedServerError:
             # The free port can be taken between our probe and the server's bind.
-            if "address already in use" not in self._log_tail().lower():
+            log = self._log_tail().lower()
+            if not any(line in log for line in PORT_TAKEN_LINES):
                 raise
             self.port = free_port()
             self._launch(ready_timeout)

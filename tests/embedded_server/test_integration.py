@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_budgetbench.embedded_server import models as gguf_models
+from pytest_budgetbench.embedded_server.process import llama_server_program
 
 pytest.importorskip("llama_cpp")
 pytestmark = pytest.mark.integration
@@ -17,6 +18,8 @@ pytestmark = pytest.mark.integration
 
 USER_MODEL_DIR = gguf_models.model_dir()
 """Where the user's fetched models are, read before pytester gives each test its own HOME."""
+SERVER = "llama-server" if llama_server_program() else "llama-cpp-python"
+"""Which server a sweep starts here: .ci/install builds llama-server, so CI runs that one."""
 
 SWEEP = ("--budgets=512,1024", "--budgetbench-items=3",
          "--budgetbench-strategies=truncation,full_context", "--budgetbench-tasks=memory",
@@ -42,7 +45,7 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
         assert row["counted_tokens"] == row["server_prompt_tokens"] <= row["budget"]
         assert row["tokenizer_exact"] is True
         assert row["model"] == "smollm2-135m-instruct-q4_1"
-        assert row["server_flags"]["logits_all"] is False
+        assert row["server_flags"]["server"] == SERVER
         assert isinstance(row["prediction"], str)
     assert all(r["status"] == "violation" for r in rows if r["strategy"] == "full_context")
     report = tmp_path / rows[0]["run_id"] / "report" / "report.html"
@@ -63,16 +66,23 @@ def test_real_sweep_counts_exactly_and_xfails_the_reference_over_budget(
         (r["cell_id"], r["prediction"], r["model_s"]) for r in rows)
 
 
-def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server_kind", ["llama-server", "llama-cpp-python"])
+def test_embedded_server_moves_to_a_free_port_when_its_port_is_taken(
+    tmp_path: Path, server_kind: str
+) -> None:
     from pytest_budgetbench.embedded_server.models import SMOLLM2
     from pytest_budgetbench.embedded_server.process import EmbeddedServer
     from pytest_budgetbench.model.chat import probe_endpoint
 
+    if server_kind == "llama-server" and llama_server_program() is None:
+        pytest.skip("no llama-server beside this python (.ci/install builds it)")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         server = EmbeddedServer(n_ctx=512, threads=1, log_path=tmp_path / "server.log",
-                                model_name=SMOLLM2.name)
+                                model_name=SMOLLM2.name,
+                                prefer_llama_server=server_kind == "llama-server")
+        assert server.server == server_kind
         server.port = taken.getsockname()[1]
         server.start()
         try:

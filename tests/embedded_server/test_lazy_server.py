@@ -178,9 +178,46 @@ def test_a_missing_server_module_is_named_before_any_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(process, "SERVER_MODULES", ("json", "no_such_server_module"))
-    server = process.EmbeddedServer(8192, 1, tmp_path / "server.log")
+    server = process.EmbeddedServer(8192, 1, tmp_path / "server.log", prefer_llama_server=False)
     with pytest.raises(EmbeddedServerError, match="missing: no_such_server_module"):
         server.check_startable()
+
+
+@pytest.mark.usefixtures("fake_gguf")
+def test_a_named_llama_server_that_is_not_a_program_is_named_before_any_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(process.LLAMA_SERVER_ENV, str(tmp_path / "no-such-llama-server"))
+    server = process.EmbeddedServer(8192, 1, tmp_path / "server.log")
+    assert server.recorded_flags["server"] == "llama-server"
+    with pytest.raises(EmbeddedServerError, match=r"BUDGETBENCH_LLAMA_SERVER=.*no-such"):
+        server.check_startable()
+
+
+@pytest.mark.usefixtures("fake_gguf")
+def test_llama_server_gets_the_pinned_flags_and_one_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "llama-server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setenv(process.LLAMA_SERVER_ENV, str(program))
+    server = process.EmbeddedServer(8192, 2, tmp_path / "server.log")
+    server.check_startable()
+    argv = server.command()
+    options = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert argv[0] == str(program)
+    assert (options["--ctx-size"], options["--threads"], options["--threads-batch"],
+            options["--batch-size"], options["--flash-attn"], options["--seed"],
+            options["--parallel"]) == ("8192", "2", "2", "512", "off", "0", "1")
+    assert "--jinja" in argv and "logits_all" not in server.recorded_flags
+    # Replies from the two servers never answer for each other in the response cache.
+    other = process.EmbeddedServer(8192, 2, tmp_path / "server.log", prefer_llama_server=False)
+    assert other.recorded_flags["server"] == "llama-cpp-python"
+    assert other.command()[1:3] == ["-m", process.SERVE_MODULE]
+    identities = {Endpoint("", "m", embedded=True, gguf_path="/p/M.gguf",
+                           server_flags=each.recorded_flags).identity for each in (server, other)}
+    assert len(identities) == 2
 
 
 # -- sweeps through the plugin -------------------------------------------------------------
