@@ -2,8 +2,8 @@
 :mod:`pytest_budgetbench.embeddings`), in one place:
 
 - :mod:`.models`: the model registry (which GGUF is served), its fetch and its checks;
-- :mod:`.process`: starting and stopping ``python -m llama_cpp.server``, its log, its
-  readiness;
+- :mod:`.process`: starting and stopping llama.cpp's ``llama-server`` (or
+  ``python -m llama_cpp.server``), its log, its readiness;
 - :mod:`.launcher`: starting it on the first reply needed, in-process or for xdist workers.
 
 Tests replace ``process.EmbeddedServer`` and ``models.gguf_path``: callers that must see such

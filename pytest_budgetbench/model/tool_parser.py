@@ -2,7 +2,9 @@
 
 llama-cpp-python's server (0.3.x) renders a request's tools into the prompt with the GGUF's
 template but never parses the model's answer: the call comes back in ``content`` and
-``tool_calls`` is null (abetlen/llama-cpp-python#1784). The embedded Qwen2.5-Coder answers
+``tool_calls`` is null (abetlen/llama-cpp-python#1784). llama.cpp's own llama-server
+(``--jinja``) parses ``<tool_call>`` blocks itself and leaves any other form as text. The
+embedded Qwen2.5-Coder answers
 a two-tool request with a fenced block, for example::
 
     ```json
