@@ -9,7 +9,8 @@ For each load x server x threads x policy it starts the plugin's own
 :class:`EmbeddedServer` (the GGUF the plugin serves, its pinned flags; ``llama-server`` is
 llama.cpp's own, which .ci/install builds, ``llama-cpp-python`` the library's server;
 ``--policies unset`` leaves OMP_WAIT_POLICY out of the environment, as before the wait
-policy was pinned) and measures:
+policy was pinned; ``library`` is no server but the library in this process, the rate the
+build itself gives) and measures:
 
 - prompt tok/s on prompts of about 1K and 3K tokens (each starts with a fresh nonce, so no
   KV cache is reused; one answer token), and the server's CPU seconds for each;
@@ -85,11 +86,46 @@ def prompt_of(tokens: int) -> str:
     return f"{secrets.token_hex(8)}\n{sentences}\nWhich sentence mentions sacks first?"
 
 
+LIBRARY = "library"
+"""Not a server: llama-cpp-python's ``Llama`` in this process with the server's flags, the
+prompt evaluated with no server in between (its OpenMP policy is this process's): the rate
+this build of llama.cpp itself gives, the most a server of it can reach."""
+
+
+def measure_library(threads: int, prompts: list[int]) -> dict[str, Measure]:
+    from llama_cpp import Llama
+
+    from pytest_budgetbench.embedded_server.models import gguf_path
+
+    llama = Llama(model_path=str(gguf_path(embedded_model())), n_ctx=8192, n_threads=threads,
+                  n_threads_batch=threads, n_batch=512, logits_all=False, flash_attn=False,
+                  seed=0, verbose=False)
+
+    def evaluate(text: str) -> Measure:
+        tokens = llama.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        llama.reset()  # no KV cache reused: the whole prompt is evaluated
+        cpu, started = time.process_time(), time.perf_counter()
+        llama.eval(tokens)
+        return Measure(len(tokens), time.perf_counter() - started, time.process_time() - cpu)
+
+    evaluate("Hello")  # warm, as for the servers
+    row = {f"prompt {size}": evaluate(prompt_of(size)) for size in prompts}
+    row["decode"] = row["idle"] = Measure(0, 0.0, float("nan"))  # not measured here
+    return row
+
+
 def measure_row(server_kind: str, threads: int, policy: str, busy: bool, prompts: list[int],
                 log_dir: Path) -> dict[str, Measure]:
     loop = None
     if busy:
         loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=1800)])
+    if server_kind == LIBRARY:
+        try:
+            return measure_library(threads, prompts)
+        finally:
+            if loop is not None:
+                loop.kill()
+                loop.wait()
     server = EmbeddedServer(n_ctx=8192, threads=threads, log_path=log_dir / "server.log",
                             wait_policy=None if policy == "unset" else policy,
                             prefer_llama_server=server_kind == "llama-server")
