@@ -118,6 +118,7 @@ class SweepPlugin:
         self.config = config
         self.session = session
         self.finish_error = ""
+        self.ci_warnings: list[str] = []
         self.progress: SweepProgress | None = None
         self._restore_sigterm: Callable[[], None] = lambda: None
 
@@ -263,6 +264,10 @@ class SweepPlugin:
                 "budgetbench: interrupted while writing the report: the run's records are "
                 f"kept; write it with `budgetbench report {self.session.store.run_dir}`")
             session.exitstatus = pytest.ExitCode.INTERRUPTED
+            return
+        from pytest_budgetbench.pytest_face.summary import write_ci_outputs
+
+        self.ci_warnings = write_ci_outputs(self.session)  # the job summary, trend files
 
     @pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables: the answer comes last
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -272,7 +277,8 @@ class SweepPlugin:
             self.progress.close()
         from pytest_budgetbench.pytest_face.summary import write_sweep_summary
 
-        write_sweep_summary(terminalreporter, self.session, self.finish_error)
+        write_sweep_summary(terminalreporter, self.session, self.finish_error,
+                            self.ci_warnings)
 
 
 @pytest.fixture

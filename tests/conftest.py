@@ -25,6 +25,14 @@ pytest_plugins = ["pytester"]
 # as httpcore's own (not an httpx.TransportError).
 
 
+@pytest.fixture(autouse=True)
+def _outside_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite may run in a GitHub Actions job itself: no test's sweep appends to that
+    job's summary or output, or prints workflow commands; a test of them sets its own."""
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "GITHUB_OUTPUT"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeOpenAI]:
     """A fake OpenAI-compatible server on loopback, one per test."""

@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+WORKFLOWS = tuple(sorted((ROOT / "docs" / "examples").glob("*.yml")))
+"""The CI workflows the docs ship: their flags are checked as the pages' are."""
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 NOT_RUN = re.compile(r"<!--\s*not-run:(.*?)-->\s*$", re.DOTALL)
@@ -125,7 +127,9 @@ def _plugin_help(pytester: pytest.Pytester) -> str:
 
 def test_every_flag_the_docs_name_exists(pytester: pytest.Pytester) -> None:
     known = set(FLAG.findall(_plugin_help(pytester)))
-    named = {flag for page in PAGES for flag in FLAG.findall(page.read_text(encoding="utf-8"))}
+    named = {flag for page in (*PAGES, *WORKFLOWS)
+             for flag in FLAG.findall(page.read_text(encoding="utf-8"))}
+    assert WORKFLOWS, "docs/examples/ holds no workflow: the glob is wrong"
     assert _undeclared(named, known, EXAMPLE_FLAGS) == []
     assert set(EXAMPLE_FLAGS) <= named, "an example flag is no longer in the docs: drop it here"
 

@@ -189,3 +189,21 @@ def test_budgetbench_report_without_the_reports_extra_is_one_line(tmp_path: Path
         "budgetbench: error: budgetbench report needs the 'numpy' package: "
         "pip install 'pytest-budgetbench[reports]'"]
 
+
+
+def test_a_job_summary_without_the_reports_extra_says_how_to_get_its_tables(
+    pytester: pytest.Pytester, fake_endpoint: FakeOpenAI, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On GitHub Actions a core install still appends the summary: the run's facts, and
+    the line that names the extra its tables need (gates need it before any cell)."""
+    _own_source(monkeypatch)
+    summary = tmp_path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    pytester.makeconftest(BLOCK_REPORTS)
+    result = pytester.runpytest_subprocess(*_args(fake_endpoint, tmp_path / "out"))
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("## budgetbench: no gate was asked for\n")
+    assert "**model** " in text and "**tokenizer** approx-chars/4" in text
+    assert "needs the 'numpy' package: pip install 'pytest-budgetbench\\[reports\\]'" in text

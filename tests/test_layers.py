@@ -256,6 +256,7 @@ def test_every_package_is_on_the_architecture_map() -> None:
 TESTS = Path(__file__).resolve().parent
 # The test files that stay at tests/: each tests a root module or the package as a whole.
 ROOT_TESTS = {
+    "test_ci_workflow.py": "docs/examples/budgetbench.yml, the whole in a CI job",
     "test_core_install.py": "the install without extras",
     "test_declared_options.py": "options.py (declared options)",
     "test_docs_examples.py": "the README and the manual",

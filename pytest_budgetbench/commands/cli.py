@@ -14,9 +14,14 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_budgetbench.commands.arguments import argument_type, from_option
 from pytest_budgetbench.options import non_negative
+
+if TYPE_CHECKING:
+    from pytest_budgetbench.reports.builder import Report
+    from pytest_budgetbench.reports.gates.verdicts import GateVerdict
 
 EXIT_OK, EXIT_GATE_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -28,7 +33,8 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="rebuild tables, plots and report.json/.md/.html from run records",
         description="Merge the cells.jsonl of one or more run directories (shards, repeats, "
         "resumed runs) and write summary.csv, paired.csv, categories.csv, plots/ and "
-        "report.json/.md/.html. With a gate option, exit 1 when the gate fails.",
+        "report.json/.md/.html. With a gate option, exit 1 when the gate fails; in a GitHub "
+        "Actions job (GITHUB_ACTIONS=true) each failed gate is also an ::error annotation.",
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="a run directory (or its cells.jsonl)")
@@ -47,6 +53,12 @@ def add_report_command(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument("--price-out", **from_option(
         "price_out", help="USD per million output tokens (with --price-in)"))
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--job-summary", type=Path, metavar="FILE",
+                        help="append the job summary (the gates' verdicts, then the summary "
+                        "and paired tables) to FILE, e.g. \"$GITHUB_STEP_SUMMARY\"")
+    parser.add_argument("--trend", type=Path, metavar="DIR",
+                        help="write github-action-benchmark's trend files to DIR "
+                        "(customBiggerIsBetter.json, customSmallerIsBetter.json)")
     gates = parser.add_argument_group("gates")
     gates.add_argument("--max-violation-rate", **from_option("max_violation_rate"),
                        help="fail when a non-reference strategy@budget's violation rate "
@@ -98,14 +110,18 @@ def run_report(args: argparse.Namespace) -> int:
     _require_reports("budgetbench report")
     from pytest_budgetbench.errors import BudgetBenchError
     from pytest_budgetbench.records.store import RunStore
-    from pytest_budgetbench.reports import (
-        Prices,
-        answer_kept_gate,
-        build_report,
-        retention_gate,
-        violation_gate,
+    from pytest_budgetbench.reports import Prices, build_report
+    from pytest_budgetbench.reports.gates.judging import (
+        cell_verdicts,
+        regression_findings,
+        regression_verdicts,
+        verdict_reasons,
     )
-    from pytest_budgetbench.reports.gates.judging import regression_findings
+    from pytest_budgetbench.reports.gates.verdicts import (
+        ANSWER_GATE,
+        RETENTION_GATE,
+        VIOLATION_GATE,
+    )
     from pytest_budgetbench.reports.load import require_rows
     from pytest_budgetbench.settings.config import cell_floor, unswept_floor
 
@@ -132,32 +148,70 @@ def run_report(args: argparse.Namespace) -> int:
     for path in report.paths.values():
         print(f"  {path}")
     reasons: list[str] = []
-    if args.max_violation_rate is not None:
-        reasons += violation_gate(report, args.max_violation_rate)
+    verdicts: list[GateVerdict] = []
+    failures: list[str] = []  # failed gates that are no one cell's: nothing to judge
+    max_rate = args.max_violation_rate
+    gates: list[tuple[str, Callable[[str, int, bool], float | None] | None]] = [
+        (VIOLATION_GATE, None if max_rate is None else
+         lambda _strategy, _budget, reference: None if reference else max_rate)]
     cells = [f"{strategy}@{budget}" for strategy, budget
              in zip(report.summary["strategy"], report.summary["budget"], strict=True)]
-    for floors, flag, gate in ((args.min_retention, "--min-retention", retention_gate),
-                               (args.min_answer_kept, "--min-answer-kept", answer_kept_gate)):
-        if floors is None:
-            continue
-        unknown = unswept_floor(floors, cells, flag, ("these records", "they hold"))
+    for floors, flag, kind in ((args.min_retention, "--min-retention", RETENTION_GATE),
+                               (args.min_answer_kept, "--min-answer-kept", ANSWER_GATE)):
+        unknown = floors is not None and unswept_floor(floors, cells, flag,
+                                                       ("these records", "they hold"))
         if unknown:
             return _usage(unknown)
-        reasons += gate(report, functools.partial(cell_floor, floors))
+        gates.append((kind, None if floors is None else functools.partial(cell_floor, floors)))
+    for kind, threshold in gates:
+        if threshold is not None:
+            judged = cell_verdicts(report, kind, threshold)
+            verdicts += judged
+            reasons += verdict_reasons(kind, judged)
+            failures += [] if judged else verdict_reasons(kind, judged)
     if args.baseline is not None:
         # Unlike the plugin's, a harm-shown gate runs on --baseline alone, tolerating no drop.
-        found = regression_findings(report, args.baseline, args.max_regression or 0.0,
-                                    args.regression_test)
+        margin = args.max_regression or 0.0
+        found = regression_findings(report, args.baseline, margin, args.regression_test)
         reasons += found.failures()
+        verdicts += regression_verdicts(report, found, margin, args.regression_test)
         for note in found.warnings():
             print(f"budgetbench: gate warning: {note}", file=sys.stderr)
     for reason in reasons:
         print(f"budgetbench: gate failed: {reason}", file=sys.stderr)
+    written = _ci_files(args, report, verdicts, failures)
+    if written:
+        return written
     return EXIT_GATE_FAILED if reasons else EXIT_OK
 
 
+def _ci_files(args: argparse.Namespace, report: Report, verdicts: Sequence[GateVerdict],
+              failures: Sequence[str]) -> int:
+    """``budgetbench report``'s CI outputs: the annotations of its failed gates in a GitHub
+    Actions job, the job summary (--job-summary) and the trend files (--trend). EXIT_USAGE
+    when a file cannot be written, else 0."""
+    from pytest_budgetbench.reports import ci
+
+    if ci.in_github_actions():
+        for line in ci.gate_annotations(verdicts, failures):
+            print(line)
+    try:
+        if args.job_summary is not None:
+            markdown = ci.job_summary(verdicts, report, failures=failures,
+                                      facts=[("report", str(report.out_dir))])
+            ci.append_job_summary(args.job_summary, markdown, where=str(report.out_dir))
+            print(f"budgetbench: job summary appended to {args.job_summary}", file=sys.stderr)
+        if args.trend is not None:
+            for path in ci.write_trend(report.summary, args.trend):
+                print(f"budgetbench: wrote {path}", file=sys.stderr)
+    except OSError as exc:
+        return _usage(f"{exc.filename or exc}: cannot be written ({exc.strerror or exc}); "
+                      "pass a path you can write")
+    return EXIT_OK
+
+
 # -- diff -----------------------------------------------------------------------------------
-DIFF_FORMATS = ("text", "md", "json")
+DIFF_FORMATS = ("text", "md", "json", "comment")
 
 
 def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -165,9 +219,11 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         "diff",
         help="compare two runs of the same cells item by item (B minus A)",
         description="Pair each cell (task, strategy@budget) that RUN_A and RUN_B both hold by "
-        "item, and print the change in quality, tokens and latency with 95%% paired "
-        "intervals, the status changes and the items that flipped. --format=md prints a "
-        "summary for a pull-request comment; --out writes diff.md, diff.json and diff.html "
+        "item, and print the change in quality, tokens, latency and evidence retention "
+        "with 95%% paired intervals, the status changes and the items that flipped. "
+        "--format=md prints a summary; --format=comment the body of a pull-request comment, "
+        "which starts with the hidden line <!-- budgetbench-diff --> a workflow finds to "
+        "update its comment; --out writes diff.md, diff.json and diff.html "
         "(with the item viewer), each cell with McNemar's exact test for a 0/1 grader and the "
         "smallest drop it could detect. With --fail-on-regression=D, exit 1 when a cell fails "
         "the regression gate's test: by default non-inferiority (the 95%% interval of the "
@@ -178,7 +234,8 @@ def add_diff_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                         help="the run compared against (a run directory or its cells.jsonl)")
     parser.add_argument("run_b", type=Path, metavar="RUN_B", help="the run compared")
     parser.add_argument("--format", choices=DIFF_FORMATS, default="text",
-                        help="what is printed (default: text)")
+                        help="what is printed (default: text; comment: a pull-request "
+                        "comment's body, behind its marker and within GitHub's size)")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="also write diff.md, diff.json and diff.html here")
     parser.add_argument("--fail-on-regression", type=argument_type(non_negative), metavar="D",
@@ -222,6 +279,11 @@ def run_diff(args: argparse.Namespace) -> int:
                            "quality change was judged")
     if args.format == "md":
         sys.stdout.write(run_diffs.render_markdown(result, regressions, warnings))
+    elif args.format == "comment":
+        from pytest_budgetbench.reports.ci import comment_body
+
+        sys.stdout.write(comment_body(
+            run_diffs.render_markdown(result, regressions, warnings, comment=True)))
     elif args.format == "json":
         sys.stdout.write(run_diffs.dumps(result))
     else:

@@ -63,6 +63,11 @@ def check_settings(settings: Settings) -> None:
     _check_out_dir(Path(settings.out))
     if settings.cache_mode not in (None, "off") and settings.cache_path:
         _check_writable("--budgetbench-cache-path", Path(settings.cache_path), directory=False)
+    if settings.job_summary is not None:  # GitHub's $GITHUB_STEP_SUMMARY, or the user's
+        _check_writable("--budgetbench-job-summary", Path(settings.job_summary),
+                        directory=False)
+    if settings.trend is not None:
+        _check_writable("--budgetbench-trend", Path(settings.trend), directory=True)
     _check_embedding_model(settings)
     if settings.endpoint is None and not settings.model_free:
         from pytest_budgetbench.embedded_server import embedded_model
@@ -127,6 +132,8 @@ def check_extras(
         # A budget search judges its floors itself, in pure Python: no extra needed.
         if value is not None and settings.search is None:
             needs.append((f"the gate of {flag}", reports.REQUIREMENTS))
+    if settings.trend is not None:  # its series are the report's summary table
+        needs.append(("--budgetbench-trend", reports.REQUIREMENTS))
     missing: dict[str, tuple[str, str, str]] = {}  # the first need of each extra
     found_all: list[Requirement] = []
     for purpose, requirements in needs:

@@ -301,10 +301,12 @@ def _distinct(rows: pd.DataFrame, column: str) -> str:
     return ", ".join(sorted({str(v) for v in rows[column].dropna()}))
 
 
-def _view(report: Report) -> render.Document:
+def report_facts(report: Report) -> list[tuple[str, str]]:
+    """Where a report's numbers come from, as report.md and the CI job summary state them:
+    the runs, rows, tasks, model, tokenizer, reference and bootstrap."""
     rows = report.rows
     ref = report.settings.reference or "full_context (largest budget) by default"
-    facts = [
+    return [
         ("runs", _distinct(rows, "run_id")),
         ("rows (cells after merging)", str(len(rows))),
         ("tasks", _distinct(rows, "task")),
@@ -314,6 +316,11 @@ def _view(report: Report) -> render.Document:
         ("bootstrap", f"{report.settings.resamples} resamples, seed {report.settings.seed}, "
                       "percentile 95% intervals over items (repeats averaged per item)"),
     ]
+
+
+def _view(report: Report) -> render.Document:
+    rows = report.rows
+    facts = report_facts(report)
     sections = [
         ("Summary", "Quality is averaged over admitted items; violation rate is "
          "violations / (admitted + violations). Tokens, model latency and evidence retention "

@@ -5,7 +5,9 @@ quality over the items scored in both, in tokens and latency over the items admi
 both, each with a paired interval (as the paired table's: for a 0/1 grader Tango's score
 interval with McNemar's flips and exact p, else the per-item differences resampled), the
 smallest drop each cell could detect, the items whose status changed and those whose
-quality flipped. B minus A throughout: a negative quality delta is B doing worse.
+quality flipped. The change in evidence retention is paired the same way, over the items
+admitted in both whose evidence both kept a share of: what a model-free run measures. B
+minus A throughout: a negative quality delta is B doing worse.
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ MAX_FLIPS_SHOWN = 30
 COLUMNS: tuple[str, ...] = (
     "task", "strategy", "budget", "n_items", "n_paired", "quality_a", "quality_b",
     *CHANGE_COLUMNS, "tokens_delta", "tokens_lo", "tokens_hi",
-    "latency_delta", "latency_lo", "latency_hi", "status_changed", "better", "worse",
+    "latency_delta", "latency_lo", "latency_hi", "retention_delta", "retention_lo",
+    "retention_hi", "status_changed", "better", "worse",
 )
+USAGE = ("tokens", "latency", "retention")
+"""The per-item measures a cell's change is bootstrapped for besides quality, over the
+items admitted in both runs (their ``*_delta``, ``*_lo`` and ``*_hi`` columns)."""
 
 
 @dataclass
@@ -112,8 +118,8 @@ def diff_runs(run_a: Path, run_b: Path, *, resamples: int = DEFAULT_RESAMPLES,
         record.update(change.columns())
     intervals = bootstrap_cis(samples, resamples=resamples)
     for index, record in enumerate(records):
-        for offset, name in enumerate(("tokens", "latency")):
-            lo, hi = intervals[2 * index + offset]
+        for offset, name in enumerate(USAGE):
+            lo, hi = intervals[len(USAGE) * index + offset]
             record[f"{name}_lo"], record[f"{name}_hi"] = lo, hi
     import pandas as pd
 
@@ -172,15 +178,16 @@ def _golds(rows: pd.DataFrame) -> dict[tuple[str, str], Any]:
 
 
 def _item_frame(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per item of each cell: merged status, mean quality, and the mean tokens and latency
-    of its admitted repeats."""
+    """Per item of each cell: merged status, mean quality, and the mean tokens, latency and
+    evidence retention of its admitted repeats."""
     items = tables.item_table(rows)
     ok = rows.loc[rows["status"] == tables.ADMITTED, ITEM_KEY].copy()
     ok["tokens"] = rows["counted_tokens"]
     ok["latency"] = rows["strategy_s"].fillna(0.0) + rows["model_s"]
     usage = ok.groupby(ITEM_KEY, sort=False, observed=True)[["tokens", "latency"]].mean()
-    return items[[*ITEM_KEY, "status", "quality"]].merge(usage.reset_index(), on=ITEM_KEY,
-                                                           how="left")
+    items = items.rename(columns={"evidence_retention": "retention"})
+    return items[[*ITEM_KEY, "status", "quality", "retention"]].merge(
+        usage.reset_index(), on=ITEM_KEY, how="left")
 
 
 def _common_cells(a: pd.DataFrame, b: pd.DataFrame, *, run_a: Path, run_b: Path
@@ -216,20 +223,18 @@ def _cell(group: pd.DataFrame) -> tuple[dict[str, Any], tuple[np.ndarray, np.nda
     scores_a = group.loc[scored, "quality_a"].to_numpy(dtype=np.float64)
     quality = scores_b - scores_a
     admitted = (group["status_a"] == tables.ADMITTED) & (group["status_b"] == tables.ADMITTED)
-    tokens = _differences(group, "tokens", admitted)
-    latency = _differences(group, "latency", admitted)
+    usage = [(name, _differences(group, name, admitted)) for name in USAGE]
     record = {
         "n_items": len(group),
         "n_paired": int(scored.sum()),
         "quality_a": _mean(scores_a),
         "quality_b": _mean(scores_b),
-        "tokens_delta": _mean(tokens),
-        "latency_delta": _mean(latency),
+        **{f"{name}_delta": _mean(values) for name, values in usage},
         "status_changed": int((group["status_a"] != group["status_b"]).sum()),
         "better": int((quality > 0).sum()),
         "worse": int((quality < 0).sum()),
     }
-    return record, (scores_b, scores_a), [("tokens", tokens), ("latency", latency)]
+    return record, (scores_b, scores_a), usage
 
 
 def _change(row: Mapping[Any, Any]) -> PairedChange:
@@ -271,17 +276,24 @@ def _flips(group: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 # -- output ---------------------------------------------------------------------------------
-DIFF_VIEW: tuple[render.Column, ...] = (
-    render.col("task", "task"),
-    render.col("strategy", "strategy"),
-    render.col("budget", "budget", render.integer),
+QUALITY_VIEW: tuple[render.Column, ...] = (
     render.col("paired items", "n_paired", render.integer),
     render.col("quality A", "quality_a", render.num(3)),
     render.col("quality B", "quality_b", render.num(3)),
     *render.change_view("quality B-A"),
+)
+"""The quality columns of the table: a comment on model-free runs leaves them out."""
+
+DIFF_VIEW: tuple[render.Column, ...] = (
+    render.col("task", "task"),
+    render.col("strategy", "strategy"),
+    render.col("budget", "budget", render.integer),
+    *QUALITY_VIEW,
     render.Column("tokens B-A", render.interval("tokens_delta", "tokens_lo", "tokens_hi", 1)),
     render.Column("latency s B-A", render.interval("latency_delta", "latency_lo",
                                                    "latency_hi", 3)),
+    render.Column("retention B-A", render.interval("retention_delta", "retention_lo",
+                                                   "retention_hi", 3)),
     render.col("status changed", "status_changed", render.integer),
     render.col("better", "better", render.integer),
     render.col("worse", "worse", render.integer),
@@ -312,14 +324,21 @@ def _flip_rows(flips: Sequence[dict[str, Any]]) -> list[list[str]]:
 
 FLIP_HEADERS = ["task", "cell", "item", "A", "B"]
 NOTE = ("B minus A, per cell, over the items both runs hold: quality over items scored in "
-        "both, tokens and latency over items admitted in both.")
+        "both, tokens, latency and evidence retention over items admitted in both.")
 
 
 def render_markdown(result: RunDiff, regressions: Sequence[str] = (),
-                    warnings: Sequence[str] = ()) -> str:
+                    warnings: Sequence[str] = (), *, comment: bool = False) -> str:
     """The summary for a pull-request comment: the table, the regressions and gate
-    warnings, the flips."""
-    headers, body = render.view(result.table, DIFF_VIEW)
+    warnings, the flips. ``comment`` leaves out the table's columns no cell fills (a
+    model-free run has no quality or latency) and folds the flips into ``<details>``
+    (:func:`~pytest_budgetbench.reports.ci.comment_body` adds the marker)."""
+    columns = DIFF_VIEW
+    if comment and not result.table["n_paired"].sum():  # model-free runs: no quality
+        columns = tuple(column for column in DIFF_VIEW if column not in QUALITY_VIEW)
+    headers, body = render.view(result.table, columns)
+    if comment:
+        headers, body = render.filled_columns(headers, body)
     parts = ["## budgetbench diff\n",
              *(f"- **{render.md_escape(k)}**: {render.md_escape(v)}" for k, v in _facts(result)),
              "", render.md_escape(NOTE), "", render.md_table(headers, body)]
@@ -332,7 +351,8 @@ def render_markdown(result: RunDiff, regressions: Sequence[str] = (),
     shown = result.flips[:MAX_FLIPS_SHOWN]
     parts.append(f"### Flipped items ({len(result.flips)})\n")
     if shown:
-        parts.append(render.md_table(FLIP_HEADERS, _flip_rows(shown)))
+        table = render.md_table(FLIP_HEADERS, _flip_rows(shown))
+        parts.append(render.md_details(f"{len(shown)} items", table) if comment else table)
         if len(result.flips) > len(shown):
             parts.append(f"_and {len(result.flips) - len(shown)} more (diff.json lists all)_\n")
     else:

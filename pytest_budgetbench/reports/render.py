@@ -2,7 +2,9 @@
 
 Both render the same curated views (the CSV files carry every column). Every cell goes
 through one escaping function per format, because strategy names, task names, categories,
-error messages and run metadata all come from plugins, data sets or models.
+error messages and run metadata all come from plugins, data sets or models. The module
+imports no numpy, pandas or matplotlib: the CI job summary (:mod:`.ci`) writes its gate
+table with it in an install without the ``reports`` extra.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.records.rows import Status
-from pytest_budgetbench.reports.plots import Plot
-from pytest_budgetbench.reports.tables import key_values
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from pytest_budgetbench.reports.plots import Plot
     from pytest_budgetbench.reports.viewer_page import ViewerPage
 
 MAX_ERRORS = 20
@@ -197,6 +198,8 @@ class Document:
 
 def error_lines(rows: pd.DataFrame) -> list[tuple[str, str, int]]:
     """The distinct error messages of errored cells: (strategy, message, count)."""
+    from pytest_budgetbench.reports.tables import key_values
+
     errors = rows.loc[rows["status"] == Status.ERROR, ["strategy", "error"]].fillna("")
     if errors.empty:
         return []
@@ -228,6 +231,21 @@ def md_table(headers: list[str], body: list[list[str]]) -> str:
              "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in body]
     return "\n".join(lines) + "\n"
+
+
+def md_details(summary: str, content: str) -> str:
+    """``content`` (Markdown) folded under a ``<details>`` line saying ``summary``, as
+    GitHub renders it: blank lines around the content, so its tables stay tables."""
+    return f"<details><summary>{html.escape(summary)}</summary>\n\n{content}\n</details>\n"
+
+
+def filled_columns(headers: list[str], body: list[list[str]]
+                   ) -> tuple[list[str], list[list[str]]]:
+    """The columns of a view that some row fills: a model-free run's tables have no
+    quality or latency, and a narrow table reads where a wide one scrolls."""
+    keep = [i for i in range(len(headers)) if any(row[i] for row in body)] if body \
+        else list(range(len(headers)))
+    return [headers[i] for i in keep], [[row[i] for i in keep] for row in body]
 
 
 def render_markdown(doc: Document, out_dir: Path) -> str:

@@ -247,6 +247,13 @@ def parse_safe_budget_limits(raw: str) -> dict[str, int]:
                  named=lambda key: repr(key) if key else "the maximum of every strategy")
 
 
+def off_or_path(raw: str) -> str | None:
+    """A path, or ``off`` (None): a file an option writes unless switched off."""
+    if not raw:
+        raise ValueError("must be a file path or off")
+    return None if raw.lower() == "off" else raw
+
+
 def parse_tokenizer(raw: str) -> str:
     if raw in ("auto", "server", "approx") or raw.startswith(("hf:", "gguf:")):
         if raw in ("hf:", "gguf:"):
@@ -355,6 +362,11 @@ class Settings:
     repeats: int = 1
     shuffle: Literal["on", "off"] = "off"
     report: Literal["on", "off"] = "on"
+    job_summary: str | None = None
+    """The file the job summary is appended to at session end (reports.ci): GitHub
+    Actions' $GITHUB_STEP_SUMMARY unless given; None (``off``) for none."""
+    trend: str | None = None
+    """The directory of github-action-benchmark's trend files, written at session end."""
     reference: str | None = None
     resamples: int = 2000
     baseline: str | None = None
@@ -573,6 +585,14 @@ OPTIONS: tuple[Option, ...] = (
     _core("shuffle", "randomise cell order with the seed: on | off", _choices_of("shuffle")),
     _core("report", "write summary/paired/categories CSVs, plots and HTML at session "
           "end: on | off", _choices_of("report")),
+    _core("job_summary", "append a Markdown job summary at session end (the gates' "
+          "verdicts, then the summary and paired tables, the run's id, model and counter), "
+          "cut to GitHub's 1 MiB: to FILE, by default GitHub Actions' $GITHUB_STEP_SUMMARY; "
+          "off: none", off_or_path, env="GITHUB_STEP_SUMMARY", metavar="FILE|off"),
+    _core("trend", "write github-action-benchmark's trend files at session end to DIR: "
+          "customBiggerIsBetter.json (quality, evidence retention) and "
+          "customSmallerIsBetter.json (violation rate), one series per task x "
+          "strategy@budget", str, metavar="DIR"),
     _core("reference", "reference cell for paired deltas, strategy@budget "
           "(default: full_context at the largest budget)", _reference, metavar="STRATEGY@BUDGET"),
     _core("resamples", "bootstrap resamples per interval", positive_int),
@@ -736,7 +756,8 @@ def check_search(settings: Settings) -> None:
                 f"many; give one floor for every strategy, e.g. {option}=0.9")
     for given, option, why in (
             (settings.baseline, "--budgetbench-baseline", "compares fixed budgets"),
-            (settings.shard, "--budgetbench-shard", "splits the items a probe needs whole")):
+            (settings.shard, "--budgetbench-shard", "splits the items a probe needs whole"),
+            (settings.trend, "--budgetbench-trend", "charts fixed budgets across commits")):
         if given is not None:
             raise ConfigError(f"{flag} cannot run with {option}, which {why}; run it with "
                               "--budgets=N,N, or search without it")

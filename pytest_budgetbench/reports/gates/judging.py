@@ -23,6 +23,7 @@ from pytest_budgetbench.reports.gates.verdicts import (
     HARM,
     NONINFERIORITY,
     RATE_EPS,
+    REGRESSION_GATE,
     REGRESSION_TESTS,
     RETENTION_GATE,
     VIOLATION_GATE,
@@ -95,29 +96,53 @@ def answer_kept_gate(report: GatedReport, floor: Callable[[str, int, bool], floa
 
 def _gate_each_cell(report: GatedReport, kind: str,
                     threshold: Callable[[str, int, bool], float | None]) -> list[str]:
-    """:func:`gate_verdict`'s reason lines for each strategy@budget that
-    ``threshold(strategy, budget, reference)`` gives a threshold (the maximum violation
-    rate or a floor, by ``kind``); one line when it gives none to any, since a
-    gate over nothing guards nothing."""
+    """The reason lines of :func:`cell_verdicts`, and one line when there is no verdict,
+    since a gate over nothing guards nothing."""
+    return verdict_reasons(kind, cell_verdicts(report, kind, threshold))
+
+
+def verdict_reasons(kind: str, verdicts: Iterable[GateVerdict]) -> list[str]:
+    """The failure lines of a ``kind`` gate's ``verdicts``; with no verdict, the line that
+    says there was nothing to judge (a gate over nothing fails)."""
+    verdicts = list(verdicts)
+    if not verdicts:
+        return [f"{kind} gate: no strategy@budget other than a reference has a row, so "
+                "there is nothing to judge"]
+    return [reason for verdict in verdicts for reason in verdict.reasons]
+
+
+def cell_verdicts(report: GatedReport, kind: str,
+                  threshold: Callable[[str, int, bool], float | None]) -> list[GateVerdict]:
+    """:func:`gate_verdict` of a ``kind`` gate (violation rate or a floor) for each
+    strategy@budget that ``threshold(strategy, budget, reference)`` gives a threshold (the
+    maximum violation rate or the floor)."""
     summary = report.summary
-    reasons: list[str] = []
-    judged = 0
+    verdicts = []
     groups = summary.groupby(["strategy", "budget"], sort=True) if not summary.empty else ()
     for key, group in groups:
         strategy, budget = key_values(key)
         value = threshold(str(strategy), int(budget), bool(group["reference"].any()))
         if value is not None:
-            judged += 1
-            verdict = gate_verdict(
+            verdicts.append(gate_verdict(
                 report, GateSpec(kind, str(strategy), int(budget)),
                 max_rate=value if kind == VIOLATION_GATE else None,
                 min_retention=value if kind == RETENTION_GATE else None,
-                min_answer_kept=value if kind == ANSWER_GATE else None)
-            reasons.extend(verdict.reasons)
-    if not judged:
-        return [f"{kind} gate: no strategy@budget other than a reference has a row, so "
-                "there is nothing to judge"]
-    return reasons
+                min_answer_kept=value if kind == ANSWER_GATE else None))
+    return verdicts
+
+
+def regression_verdicts(report: GatedReport, found: RegressionFindings, max_regression: float,
+                        regression_test: str = NONINFERIORITY) -> list[GateVerdict]:
+    """A regression gate's verdict for each strategy@budget of ``report``, from the
+    ``found`` of :func:`regression_findings` (computed once for every cell)."""
+    summary = report.summary
+    if summary.empty:
+        return []
+    cells = sorted({(str(s), int(b)) for s, b in zip(summary["strategy"], summary["budget"],
+                                                    strict=True)})
+    return [found.verdict(GateVerdict(GateSpec(REGRESSION_GATE, strategy, budget),
+                                      threshold=max_regression), regression_test)
+            for strategy, budget in cells]
 
 
 @dataclass(frozen=True)
@@ -217,8 +242,10 @@ def gate_verdict(
     violations = int(mine["n_violation"].sum()) if not mine.empty else 0
     n_error = int(mine["n_error"].sum()) if not mine.empty else 0
     judged = n_ok + violations
+    threshold = {VIOLATION_GATE: max_rate, RETENTION_GATE: min_retention,
+                 ANSWER_GATE: min_answer_kept}.get(spec.kind, max_regression)
     counted = GateVerdict(spec, rate=violation_rate(violations, n_ok), n_violation=violations,
-                          n_judged=judged)
+                          n_judged=judged, threshold=threshold)
     if spec.kind == VIOLATION_GATE:
         assert max_rate is not None
         if judged == 0:
@@ -237,14 +264,7 @@ def gate_verdict(
                                          f"({n_error} errored, see cells.jsonl), so there is "
                                          "nothing to compare with the baseline",))
     found = regression_findings(report, baseline, max_regression, regression_test)
-    key = (spec.strategy, spec.budget)
-    # The task that decides the test: the lowest bound, or (harm) the largest fall.
-    by = 1 if regression_test == NONINFERIORITY else 0
-    worst = min(found.falls.get(key, []), default=None, key=lambda fall: fall[by])
-    return replace(counted, reasons=tuple(found.general + found.reasons.get(key, [])),
-                   delta=None if worst is None else worst[0],
-                   interval=None if worst is None else (worst[1], worst[2]),
-                   notes=tuple(found.notes.get(key, [])))
+    return found.verdict(counted, regression_test)
 
 
 def regression_gate(
@@ -274,6 +294,18 @@ class RegressionFindings:
 
     def warnings(self) -> list[str]:
         return [n for key in sorted(self.notes) for n in self.notes[key]]
+
+    def verdict(self, counted: GateVerdict, regression_test: str) -> GateVerdict:
+        """The regression gate's verdict on ``counted``'s strategy@budget: its failure
+        lines, and the change of the task that decides ``regression_test`` (the lowest
+        bound, or under harm-shown the largest fall) with its interval."""
+        key = (counted.spec.strategy, counted.spec.budget)
+        by = 1 if regression_test == NONINFERIORITY else 0
+        worst = min(self.falls.get(key, []), default=None, key=lambda fall: fall[by])
+        return replace(counted, reasons=tuple(self.general + self.reasons.get(key, [])),
+                       delta=None if worst is None else worst[0],
+                       interval=None if worst is None else (worst[1], worst[2]),
+                       notes=tuple(self.notes.get(key, [])))
 
 
 def regression_findings(

@@ -84,6 +84,9 @@ class GateVerdict:
     """The answer-kept floor gate's share of items that kept their answer (None: none)."""
     notes: tuple[str, ...] = ()
     """Warnings of a gate that passed (a harm-shown gate too small to detect its margin)."""
+    threshold: float | None = None
+    """What the gate held its value to: the maximum violation rate, the floor, or the
+    regression gate's margin D (None: not judged against one)."""
     passed: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +104,7 @@ class GateVerdict:
                 "rate": self.rate, "n_violation": self.n_violation, "n_judged": self.n_judged,
                 "delta": self.delta, "interval": list(self.interval) if self.interval else None,
                 "retention": self.retention, "answer_kept": self.answer_kept,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "threshold": self.threshold}
 
     @classmethod
     def from_public(cls, data: Mapping[str, Any]) -> GateVerdict:
@@ -111,7 +114,7 @@ class GateVerdict:
                    data.get("n_judged"), data.get("delta"),
                    (interval[0], interval[1]) if interval else None,
                    data.get("retention"), data.get("answer_kept"),
-                   tuple(data.get("notes") or ()))
+                   tuple(data.get("notes") or ()), data.get("threshold"))
 
 
 class GateSettings(Protocol):
