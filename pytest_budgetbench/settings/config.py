@@ -258,6 +258,19 @@ def parse_tokenizer(raw: str) -> str:
     )
 
 
+def json_object(raw: str) -> dict[str, Any]:
+    """A JSON object, e.g. ``{"enable_thinking": false}``."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError('must be a JSON object, e.g. \'{"enable_thinking": false}\'')
+    return value
+
+
 def endpoint_urls(raw: str) -> tuple[str, ...]:
     """One endpoint URL, or the URLs of several replicas of one model, comma-separated. (A
     repeated flag still overrides, as every flag does: an ini's addopts stays overridable.)"""
@@ -330,6 +343,9 @@ class Settings:
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Sent with every chat request, and with every count the server makes
+    (vLLM, SGLang, llama-server and TGI render their chat templates with them)."""
     episodes: Literal["free-running", "teacher-forced"] = "free-running"
     """How agent episodes run (engine.episode): the model's own trajectory, or the
     reference's, one scored step at a time."""
@@ -535,6 +551,10 @@ OPTIONS: tuple[Option, ...] = (
           metavar="VAR"),
     _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
           parse_tokenizer),
+    _core("chat_template_kwargs", "variables for the server's chat template, a JSON object "
+          "sent with every chat request and every count the server makes (vLLM, SGLang, "
+          "llama-server, TGI), e.g. '{\"enable_thinking\": false}'", json_object,
+          metavar="JSON"),
     _core("tool_parser", "read tool calls from a reply's text when the endpoint returns "
           "none (Hermes <tool_call> blocks, fenced or bare JSON): auto (the embedded "
           "model only) | hermes | none", _choices_of("tool_parser")),
