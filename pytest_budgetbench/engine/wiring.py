@@ -153,8 +153,8 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None,
         raise TokenizerError(
             f"--budgetbench-chat-template-kwargs reach the server's template, and this "
             f"counter ({renders}) renders its own without them, so its counts would not be "
-            "the server's: count through the server (auto or server, with vLLM, SGLang, "
-            "llama-server or TGI), or drop them")
+            "the server's: count through the server's own route (auto or server), or drop "
+            "them")
     if choice.startswith("hf:"):
         return HFCounter(choice[len("hf:"):])
     if choice.startswith("gguf:"):
@@ -196,7 +196,7 @@ def ollama_counter(endpoint: Endpoint, api_key: str | None) -> TokenCounter:
     return OllamaCounter(
         path or find_gguf(endpoint.model, details.get("from")), endpoint.model,
         probe=None if checked else ollama_probe(endpoint.base_url, endpoint.model, api_key),
-        capabilities=details.get("capabilities") or (), checked=checked)
+        capabilities=details.get("capabilities"), checked=checked)
 
 
 def counted_server(endpoint: Endpoint, counter: TokenCounter) -> Endpoint:

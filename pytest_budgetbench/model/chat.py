@@ -184,7 +184,7 @@ class ChatModel:
         calls read from its text (:mod:`~pytest_budgetbench.model.tool_parser`)."""
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         """Sent with every request (``--budgetbench-chat-template-kwargs``): the template's
-        variables, as vLLM, SGLang, llama-server and TGI take them."""
+        variables, as vLLM, SGLang and llama-server take them."""
         self._url_lock = threading.Lock()
         self._clients: DeadlineClients[Any] = DeadlineClients(self._new_client,
                                                               close=_close_client)

@@ -198,7 +198,8 @@ def _ollama(fetch: Fetch, model: str) -> ServerRecord | None:
     show = show if isinstance(show, dict) else {}
     details: dict[str, Any] = {"version": version["version"],
                                "from": modelfile_from(str(show.get("modelfile") or "")),
-                               "capabilities": show.get("capabilities") or []}
+                               # None: a version before capabilities, which may take tools
+                               "capabilities": show.get("capabilities")}
     trained = _trained_context(show.get("model_info"))
     if trained is not None:
         details["context_length"] = trained

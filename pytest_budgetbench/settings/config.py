@@ -345,7 +345,8 @@ class Settings:
     tokenizer: str = "auto"
     chat_template_kwargs: dict[str, Any] | None = None
     """Sent with every chat request, and with every count the server makes
-    (vLLM, SGLang, llama-server and TGI render their chat templates with them)."""
+    (vLLM, SGLang and llama-server render their chat templates with them; a server
+    that does not know them ignores them in both)."""
     episodes: Literal["free-running", "teacher-forced"] = "free-running"
     """How agent episodes run (engine.episode): the model's own trajectory, or the
     reference's, one scored step at a time."""
@@ -553,7 +554,7 @@ OPTIONS: tuple[Option, ...] = (
           parse_tokenizer),
     _core("chat_template_kwargs", "variables for the server's chat template, a JSON object "
           "sent with every chat request and every count the server makes (vLLM, SGLang, "
-          "llama-server, TGI), e.g. '{\"enable_thinking\": false}'", json_object,
+          "llama-server), e.g. '{\"enable_thinking\": false}'", json_object,
           metavar="JSON"),
     _core("tool_parser", "read tool calls from a reply's text when the endpoint returns "
           "none (Hermes <tool_call> blocks, fenced or bare JSON): auto (the embedded "

@@ -113,15 +113,17 @@ class OllamaCounter(GGUFCounter):
     controller's, handed to an xdist worker): given, none is sent again."""
 
     def __init__(self, gguf: str | Path, model: str, *,
-                 probe: Probe | None = None, capabilities: Sequence[str] = (),
+                 probe: Probe | None = None, capabilities: Sequence[str] | None = None,
                  checked: Sequence[Mapping[str, Any]] | None = None) -> None:
-        """``probe(messages, tools)`` is Ollama's count of a prompt (:func:`ollama_probe`)."""
+        """``probe(messages, tools)`` is Ollama's count of a prompt (:func:`ollama_probe`);
+        ``capabilities`` are the model's, as ``/api/show`` lists them (None: a version that
+        lists none, whose tools are probed all the same)."""
         super().__init__(gguf, object_arguments=True)
         self.name = f"ollama:{model}"
         self._model = model
         self.gguf = Path(gguf)
         self._tools_refusal: str | None = None  # the probes count with tools: none yet
-        with_tools = "tools" in capabilities
+        with_tools = capabilities is None or "tools" in capabilities
         self.checked: list[dict[str, Any]] = (
             [dict(entry) for entry in checked] if checked is not None
             else self._check(probe, with_tools))
@@ -147,12 +149,25 @@ class OllamaCounter(GGUFCounter):
         if probe is None:
             raise ValueError("OllamaCounter needs probe= or checked=")
         return [{"probe": name, "tools": bool(tools), "ollama": probe(messages, tools),
-                 "gguf": self.count_whole(messages, tools)}
+                 "gguf": self._rendered(name, messages, tools)}
                 for name, messages, tools in PROBES if with_tools or not tools]
+
+    def _rendered(self, name: str, messages: list[Message], tools: list[Tool] | None) -> int:
+        """The GGUF's count of a probe; a template that cannot render it is one line."""
+        try:
+            return self.count_whole(messages, tools)
+        except Exception as exc:  # jinja's errors, or the template's own raise_exception
+            from pytest_budgetbench.redact import first_line
+
+            raise TokenizerError(
+                f"the chat template of {self.gguf.name} (Ollama's {self._model!r}) cannot "
+                f"render the probe '{name}' ({type(exc).__name__}: {first_line(exc)}): pass "
+                "--budgetbench-tokenizer=approx") from None
 
     @property
     def exactness(self) -> str:
-        names = ", ".join(entry["probe"] for entry in self.checked)
+        names = ", ".join(entry["probe"] for entry in self.checked
+                          if entry["ollama"] == entry["gguf"])
         tools = ("; prompts with tools are refused" if self._tools_refusal
                  else "; tools included")
         return (f"the tokenizer exact (the model's GGUF, {self.gguf.name}); its chat template "

@@ -108,7 +108,7 @@ def _count(body: Any, route: str) -> int:
 
 def _tokens(body: Any, key: str | None, route: str) -> int:
     """How many tokens an answer lists: ``body[key]``, or the body itself for no key."""
-    tokens = body.get(key) if key is not None and isinstance(body, dict) else body
+    tokens = body if key is None else body.get(key) if isinstance(body, dict) else None
     if isinstance(tokens, list):
         return len(tokens)
     raise ValueError(f"no token list in the answer of {route}")

@@ -263,3 +263,14 @@ def test_the_server_tokenizer_on_ollama_says_to_use_auto(
     with pytest.raises(TokenizerError) as info:
         make_counter("server", _endpoint(fake))
     assert "no tokenizer route" in str(info.value) and "tokenizer=auto" in str(info.value)
+
+
+def test_an_ollama_model_without_the_tools_capability_is_probed_plain_and_refuses_tools(
+    fake: FakeOpenAI, ollama_gguf: GGUFCounter
+) -> None:
+    server = _ollama(fake, ollama_gguf, str(ollama_gguf._path), capabilities=("completion",))
+    counter = make_counter("auto", _endpoint(fake))
+    assert server.chats == 2 and counter.count_messages(CALLED) == _served(fake, CALLED)
+    with pytest.raises(TokenizerError) as info:
+        counter.count_messages(CALLED, TOOLS)
+    assert "takes no tools (its /api/show capabilities)" in str(info.value)
