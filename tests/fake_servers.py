@@ -11,6 +11,9 @@ server the right way gets exactly the chat's own count, and one that forgets the
 tools or the template's variables is off. Ollama has no tokenizer route: its
 ``prompt_tokens`` are what ``count`` says (a GGUF counter's, in the tests).
 
+``CountsWith(counter)`` is a plain OpenAI-compatible endpoint whose ``prompt_tokens`` are
+that counter's (a sweep that counts with a local tokenizer against the fake).
+
 Shapes (each server's docs, as cited in ``pytest_budgetbench/model/servers.py`` and
 ``pytest_budgetbench/tokens/server.py``):
 
