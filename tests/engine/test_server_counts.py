@@ -146,3 +146,29 @@ def test_a_cut_on_an_approximate_counter_past_its_slack_is_an_error(
     assert "(tokenizer approx-chars/4 approx, slack " in row["error"]
     assert row["server_prompt_tokens"] == 100
 
+
+
+def test_a_gguf_counter_rendering_arguments_as_text_allows_for_them_and_no_more() -> None:
+    """llama-server renders parsed arguments 2 tokens shorter a call than the JSON text a
+    gguf: counter renders (measured): that is no cut; a message lost is."""
+    from pytest_budgetbench.engine.calls import cut_by_server
+    from pytest_budgetbench.model.chat import Completion
+    from pytest_budgetbench.tokens.gguf import GGUFCounter
+    from tests.strategy_helpers import load_gguf
+
+    text_arguments = load_gguf()
+    object_arguments = GGUFCounter(text_arguments._path, object_arguments=True)
+    prompt: list[Any] = [{"role": "user", "content": "Look up R1 and R2."}]
+    for index in (1, 2):
+        prompt += [{"role": "assistant", "content": "", "tool_calls": [{
+            "id": f"call_{index}", "type": "function",
+            "function": {"name": "lookup", "arguments": f'{{"key": "R{index}"}}'}}]},
+            {"role": "tool", "tool_call_id": f"call_{index}", "content": f"R{index}: ABC."}]
+    counted = text_arguments.count_messages(prompt)
+
+    def reply(prompt_tokens: int) -> Completion:
+        return Completion("x", prompt_tokens, 1, 0.1)
+
+    assert cut_by_server(prompt, counted, reply(counted - 4), text_arguments, "?") is None
+    assert cut_by_server(prompt, counted, reply(counted - 40), text_arguments, "?")
+    assert cut_by_server(prompt, counted, reply(counted - 1), object_arguments, "?")
