@@ -203,8 +203,8 @@ class ServerCounter(TokenCounter):
     table). Without one, it tries the routes of :data:`ROUTES` on its first count and
     keeps the first that answers with a count: vLLM's ``/tokenize`` (exact), or
     llama-cpp-python's ``/extras/tokenize`` (inexact). A llama.cpp server's own
-    ``/tokenize`` answers that probe with tokens and no count: recognised, the error says
-    what to pass."""
+    ``/tokenize`` answers that probe with tokens and no count: recognised, it counts as
+    llama-server where ``/apply-template`` answers too, else the error says what to pass."""
 
     name = "server:/tokenize"
     exact = True
@@ -276,6 +276,9 @@ class ServerCounter(TokenCounter):
                 llama_cpp |= route == "/tokenize"
             except (httpx.HTTPError, RequestTimeout) as exc:  # unreachable
                 tried.append(f"{route}: {type(exc).__name__}")
+        if llama_cpp and self._renders_templates():
+            self._use(LLAMA_SERVER_DIALECT)
+            return LLAMA_SERVER_DIALECT
         self._dialect = None
         hint = (
             "it answers like a llama.cpp server, which renders no chat template there: pass "
@@ -284,6 +287,19 @@ class ServerCounter(TokenCounter):
             "use --budgetbench-tokenizer=hf:PATH (exact) or approx for this endpoint"
         )
         raise TokenizerError(f"no tokenizer route answered ({'; '.join(tried)}); {hint}")
+
+    def _renders_templates(self) -> bool:
+        """Whether a server whose ``/tokenize`` answered as llama.cpp's also answers
+        ``/apply-template`` (a llama-server that hides ``/props``, the embedded one)."""
+        import httpx
+
+        try:
+            LLAMA_SERVER_DIALECT.count_prompt(self._post, self._model,
+                                              [{"role": "user", "content": "probe"}], None,
+                                              None, self._count_text)
+        except (RouteError, ValueError, httpx.HTTPError, RequestTimeout):
+            return False
+        return True
 
     def _post(self, route: str, payload: dict[str, Any]) -> Any:
         response = self._client.post(route, payload, self.TIMEOUT_S)

@@ -274,3 +274,17 @@ def test_an_ollama_model_without_the_tools_capability_is_probed_plain_and_refuse
     with pytest.raises(TokenizerError) as info:
         counter.count_messages(CALLED, TOOLS)
     assert "takes no tools (its /api/show capabilities)" in str(info.value)
+
+
+def test_a_llama_server_not_told_by_the_probe_is_recognised_by_its_tokenize_answer(
+    fake: FakeOpenAI
+) -> None:
+    """The embedded llama-server under ``server``, or one whose /props a proxy hides: its
+    /tokenize answers the vLLM-shaped probe with tokens and no count, and /apply-template
+    answers, so it counts as llama-server does."""
+    from pytest_budgetbench.tokens.server import ServerCounter
+
+    fake.server = LlamaServer()
+    counter = ServerCounter(fake.base_url, fake.model)  # no dialect: the probe decides
+    assert counter.count_messages(CALLED, TOOLS) == _served(fake, CALLED, TOOLS)
+    assert (counter.name, counter.exact) == ("server:/apply-template+/tokenize", True)
