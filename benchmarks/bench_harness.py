@@ -36,7 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pytest_budgetbench.embedded_server.models import embedded_gguf_path  # noqa: E402
+from pytest_budgetbench.tokens.gguf import GGUFCounter  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
+from tests.fake_servers import CountsWith  # noqa: E402
 
 STRATEGIES = ("full_context", "truncation", "rag", "lean_retrieval", "checkpoint_context",
               "compression", "summary_buffer")
@@ -156,6 +158,9 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} cores)\n")
     fake = FakeOpenAI().start()
+    # It reports the GGUF's counts: under its own chars/4 the exact counts would read as
+    # prompts it cut, and every cell would be an error instead of a reply.
+    fake.server = CountsWith(GGUFCounter(embedded_gguf_path()))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if "counting" in sections:

@@ -22,6 +22,7 @@
         ├── RequestRejected        the endpoint refused the request as invalid (400, 422)
         ├── EndpointUnavailable    the server failed every attempt: another replica may answer
         ├── MalformedReply         the server answered, but with a reply the runner cannot use
+        ├── PromptCut              the server counted fewer prompt tokens than were sent: it cut
         └── EmbeddedServerError    the embedded llama.cpp server did not start
 
 BudgetExceeded is not an error of the harness: it is the budget assertion, and so
@@ -165,6 +166,17 @@ class MalformedReply(EndpointError):
     server. A pool of replicas sends the request to another: where that one's reply is
     usable, the first replica is at fault and is taken out as for a 5xx; where every reply
     is malformed, the model's reply is, and this is raised."""
+
+
+class PromptCut(EndpointError):
+    """The server counted fewer prompt tokens than the sweep sent, by more than its counter
+    allows (:func:`~pytest_budgetbench.engine.calls.cut_by_server`): it cut the prompt (a
+    context too small, a proxy that drops messages), so its reply answers a prompt no
+    strategy built. The cell is an error, never graded, and the reply is not cached."""
+
+    def __init__(self, message: str, server_tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.server_tokens = server_tokens
 
 
 class EmbeddedServerError(EndpointError):

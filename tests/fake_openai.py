@@ -41,6 +41,12 @@ llama-cpp-python, and ``set()`` a server that takes none.
 A responder returns the reply's text, or a dict of the assistant message's fields
 (``{"content": None, "tool_calls": [...]}``) for a reply with tool calls. Usage counts a
 request's ``tools`` too.
+
+``server`` makes it one of the servers teams run (:mod:`tests.fake_servers`): it answers
+that server's own routes and counts ``usage.prompt_tokens`` as it does. ``cut_at = N``
+makes it cut every prompt to its last message where it counts more than N tokens, and
+report N, as a server with a context of N that truncates silently does (Ollama reports
+the count after cutting).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from typing import Any, TypeVar
 
 from pytest_budgetbench.messages import text_of, tool_calls_of
 from pytest_budgetbench.tokens.approximate import ApproxCounter
+from tests.fake_servers import FakeServer
 
 Responder = Callable[[list[dict[str, Any]]], "str | dict[str, Any]"]
 """The reply to a prompt: its text, or an assistant message's fields (``{"content": None,
@@ -176,6 +183,9 @@ class FakeOpenAI:
         """The ``response_format`` types it takes; another is refused with ``reject_status``."""
         self.reject_status = 400
         self.constrained = False
+        self._kind: FakeServer | None = None
+        self.cut_at: int | None = None
+        """Prompts over this many tokens are cut to their last message, usage says this."""
         self.tokenize_routes: set[str] = set()
         """Tokenizer routes it serves: "vllm" (/tokenize, messages in, count out),
         "extras" (llama-cpp-python's /extras/tokenize, text in, tokens out), "llama.cpp"
@@ -186,6 +196,17 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def server(self) -> FakeServer | None:
+        """One kind of server's own routes and counts (:mod:`tests.fake_servers`)."""
+        return self._kind
+
+    @server.setter
+    def server(self, server: FakeServer | None) -> None:
+        if server is not None:
+            server.model = self.model
+        self._kind = server
 
     @property
     def base_url(self) -> str:
@@ -265,8 +286,19 @@ class FakeOpenAI:
                 fake.authorizations.append(self.headers.get("Authorization", ""))
                 return parts.path.rstrip("/")
 
+            def _answer_as_server(self, answer: tuple[int, Any] | None) -> bool:
+                if answer is None:
+                    return False
+                status, body = answer
+                self._send(status, json.dumps(body).encode())
+                return True
+
             def do_GET(self) -> None:
-                if self._route().endswith("/models"):
+                route = self._route()
+                if fake.server is not None and self._answer_as_server(
+                        fake.server.get(route)):
+                    return
+                if route.endswith("/models"):
                     body = {"object": "list", "data": [{"id": fake.model, "object": "model"}]}
                     self._send(200, json.dumps(body).encode())
                 else:
@@ -276,6 +308,9 @@ class FakeOpenAI:
                 length = int(self.headers.get("Content-Length", 0))
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 route = self._route()
+                if fake.server is not None and self._answer_as_server(
+                        fake.server.post(route, payload)):
+                    return
                 if self._tokenize(route, payload):
                     return
                 if not route.endswith("/chat/completions"):
@@ -377,13 +412,17 @@ class FakeOpenAI:
 
             def _completion(self, payload: dict[str, Any]) -> bytes:
                 messages = payload["messages"]
+                prompt_tokens = (fake.server.prompt_tokens(payload) if fake.server is not None
+                                 else ApproxCounter().count_messages(messages,
+                                                                     payload.get("tools")))
+                if fake.cut_at is not None and prompt_tokens > fake.cut_at:
+                    messages, prompt_tokens = messages[-1:], fake.cut_at
                 reply = fake.responder(messages)
                 if (fake.constrained and payload.get("response_format")
                         and isinstance(reply, str)):
                     reply = self._constrained(reply, schema_of(payload["response_format"]))
                 message = {"role": "assistant",
                            **(reply if isinstance(reply, dict) else {"content": reply})}
-                prompt_tokens = ApproxCounter().count_messages(messages, payload.get("tools"))
                 return json.dumps({
                     "id": "chatcmpl-fake", "object": "chat.completion", "created": 0,
                     "model": fake.model,

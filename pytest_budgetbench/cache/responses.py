@@ -239,6 +239,12 @@ class ResponseStore(SharedDatabase):
             )
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, self._owner))
 
+    def forget(self, key: str) -> None:
+        """Drop the reply at ``key`` (one that must not be served again: it answered a
+        prompt the server cut)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM responses WHERE key = ?", (key,))
+
     def release(self, key: str) -> None:
         try:
             with self._transaction() as db:
@@ -312,13 +318,25 @@ class CachingChatModel:
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
                  tools: Sequence[Tool] | None = None,
                  response_format: Mapping[str, Any] | None = None) -> Completion:
-        params = {**self.params, "max_tokens": max_tokens}
-        if tools:  # the parser makes the reply's calls; a request without tools keeps its key
-            params["tool_parser"] = self._chat.tool_parser
-        key = request_key(self.endpoint, self.model, params, messages, tools, response_format)
+        key = self._key(messages, max_tokens, tools, response_format)
         return once(self._store, key, lambda: self._chat.complete(
             messages, max_tokens=max_tokens, tools=tools, response_format=response_format),
             self._poll_s)
+
+
+    def forget(self, messages: Sequence[Message], *, max_tokens: int,
+               tools: Sequence[Tool] | None = None,
+               response_format: Mapping[str, Any] | None = None) -> None:
+        """Drop the stored reply to this request, so it is never served again (the runner
+        found that it answered a prompt the server cut)."""
+        self._store.forget(self._key(messages, max_tokens, tools, response_format))
+
+    def _key(self, messages: Sequence[Message], max_tokens: int,
+             tools: Sequence[Tool] | None, response_format: Mapping[str, Any] | None) -> str:
+        params = {**self.params, "max_tokens": max_tokens}
+        if tools:  # the parser makes the reply's calls; a request without tools keeps its key
+            params["tool_parser"] = self._chat.tool_parser
+        return request_key(self.endpoint, self.model, params, messages, tools, response_format)
 
 
 def once(store: ResponseStore, key: str, make: Callable[[], Completion],

@@ -7,7 +7,9 @@ strategy's, is passed in), checked against the budget, and sent only if it fits;
 :class:`CallOutcome` is what each caller records (a row, an episode's call, a row's
 auxiliary call). This module owns the budget check and the violation message, so the
 three kinds of call cannot drift apart; :func:`fill_outcome` puts what a cell's calls
-cost, and its status, on the cell's row.
+cost, and its status, on the cell's row. :func:`cut_by_server` reads a reply's own count
+of the prompt: one far below the sweep's means the server cut the prompt, and the runner
+makes that call an error rather than a reply to grade.
 """
 
 from __future__ import annotations
@@ -92,6 +94,25 @@ class CallOutcome:
     @property
     def output_tokens(self) -> int | None:
         return None if self.completion is None else self.completion.completion_tokens
+
+
+def cut_by_server(prompt: Sequence[Message], counted: int, completion: Completion,
+                  tokens: TokenCounter, cause: str) -> str | None:
+    """Why ``completion`` answers less than ``prompt`` (which ``tokens`` counted as
+    ``counted``), or None: the server's ``usage.prompt_tokens`` below ``counted`` by more
+    than the counter's slack (:meth:`~pytest_budgetbench.tokens.base.TokenCounter.
+    cut_slack`: none for an exact counter) means the server evaluated a cut prompt.
+    ``cause`` is the likely cause, as a clause (the server's context size)."""
+    server = completion.prompt_tokens
+    if server is None:
+        return None
+    slack = tokens.cut_slack(prompt, counted)
+    if counted - server <= slack:
+        return None
+    kind = "exact" if tokens.exact else f"approx, slack {slack}"
+    return (f"the server counted {server} prompt tokens where the sweep sent {counted} "
+            f"(tokenizer {tokens.name} {kind}): it cut the prompt, so its reply answers a "
+            f"prompt no strategy built and is neither graded nor cached; likely cause: {cause}")
 
 
 def budgeted_call(

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from pytest_budgetbench.engine.answers import StepAnswers
 from pytest_budgetbench.engine.calls import CallOutcome, CallSite, budgeted_call, fill_outcome
 from pytest_budgetbench.engine.evidence import Retention, TrajectoryEvidence, fill_retention
-from pytest_budgetbench.errors import EndpointError, MalformedReply
+from pytest_budgetbench.errors import EndpointError, MalformedReply, PromptCut
 from pytest_budgetbench.messages import Message, Tool, shared_call_id, shared_prefix
 from pytest_budgetbench.model.chat import Completion
 from pytest_budgetbench.records.episodes import CallRecord, Ended, EpisodeRecord
@@ -105,8 +105,8 @@ class EpisodeCell(Protocol):
         (``StrategyContext.estimated_tokens``)."""
         ...
 
-    def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
-        """The model's reply to a prompt that fits the budget."""
+    def send(self, prompt: list[Message], tools: list[Tool], counted: int) -> Completion:
+        """The model's reply to a prompt that fits the budget (``counted`` tokens)."""
         ...
 
 
@@ -193,12 +193,15 @@ class EpisodeLoop:
         endpoint failure names the call (a malformed reply, a 500, a timeout alike): the
         row's error is then read without episodes.jsonl."""
         try:
-            completion = self.cell.send(prompt, tools)
+            completion = self.cell.send(prompt, tools, call.counted_tokens)
             problem = shared_call_id(completion.tool_calls)
             if problem:  # a backend that does not check (a reply cached before it did)
                 raise MalformedReply(f"malformed reply from the model: {problem}")
         except MalformedReply as exc:
             raise MalformedReply(f"{exc}; it answered call {call.call} of the episode") from None
+        except PromptCut as exc:
+            raise PromptCut(f"{exc}; it answered call {call.call} of the episode",
+                            exc.server_tokens) from None
         except EndpointError as exc:
             raise type(exc)(f"{exc}; it failed call {call.call} of the episode") from None
         return completion

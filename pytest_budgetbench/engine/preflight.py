@@ -8,8 +8,9 @@ write) is stopped at the start instead, with one line, and before anything is wr
   plugin runs it in every process at configure time.
 - :func:`check_sweep` needs the tasks' data and the cells: the controller runs it before
   it resolves the endpoint and writes run.json.
-- :func:`check_tokenizer` needs the endpoint: the controller runs it once the endpoint is
-  known, before run.json, with the loader of the counter the wiring makes for it.
+- :func:`check_context` and :func:`check_tokenizer` need the endpoint: the controller runs
+  them once the endpoint is known, before run.json, the second with the loader of the
+  counter the wiring makes for it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pytest_budgetbench.errors import (
     UnsupportedPython,
     first_missing,
 )
+from pytest_budgetbench.messages import Message
 from pytest_budgetbench.reports.gates.verdicts import (
     ANSWER_GATE,
     RETENTION_GATE,
@@ -41,6 +43,7 @@ from pytest_budgetbench.sweep.cells import Cell, split_reference
 
 if TYPE_CHECKING:
     from pytest_budgetbench.engine.catalog import Catalog
+    from pytest_budgetbench.model.endpoint import Endpoint
     from pytest_budgetbench.strategies import Strategy
     from pytest_budgetbench.tasks import Task
     from pytest_budgetbench.tokens.base import TokenCounter
@@ -418,14 +421,49 @@ def _check_baseline(settings: Settings, cells: list[Cell]) -> None:
         raise ConfigError(f"--budgetbench-baseline={path}: {reasons[0]}")
 
 
-def check_tokenizer(settings: Settings, load: Callable[[], TokenCounter]) -> TokenCounter:
+def check_context(settings: Settings, endpoint: Endpoint) -> None:
+    """A server whose context holds fewer tokens than the sweep's largest budget would cut
+    or refuse the prompts that budget allows: one line naming both, and how to raise it."""
+    from pytest_budgetbench.model.servers import context_hint
+
+    server = endpoint.server
+    context = server.get("context")
+    if not settings.budgets or context is None or context >= max(settings.budgets):
+        return
+    kind = server.get("kind", "server")
+    raise ConfigError(
+        f"the {kind} at {endpoint.label} holds {context} tokens of context "
+        f"({server.get('context_from')}), below the sweep's largest budget "
+        f"{max(settings.budgets)}: its prompts would be cut or refused; "
+        f"{context_hint(str(kind))}, or lower --budgets")
+
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "probe", "description": "A probe.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+
+
+def check_tokenizer(settings: Settings, load: Callable[[], TokenCounter], *,
+                    tools: bool = False) -> TokenCounter:
     """Load the sweep's token counter (``load``: the counter ``--budgetbench-tokenizer``
-    asks for, for the resolved endpoint) and count once, so a missing file or a route the
-    endpoint lacks is one line now rather than an error in every cell. Returns the counter,
-    for this process's runner to count with."""
+    asks for, for the resolved endpoint) and count once (``tools``: a sweep that sends
+    tools, once with a tool too), so a missing file, a route the endpoint lacks, or a
+    server that takes no tools is one line now rather than an error in every cell.
+    Returns the counter, for this process's runner to count with."""
+    probe: list[Message] = [{"role": "user", "content": "probe"}]
     try:
         counter = load()
-        counter.count_messages([{"role": "user", "content": "probe"}])
+        counter.count_messages(probe)
+        if tools:
+            counter.count_messages(probe, [_PROBE_TOOL])
     except TokenizerError as exc:
         raise ConfigError(f"--budgetbench-tokenizer={settings.tokenizer}: {exc}") from None
     return counter
+
+
+def sends_tools(catalog: Catalog) -> bool:
+    """Whether the sweep sends tool schemas: an agent's episodes, or items with tools."""
+    from pytest_budgetbench.tasks import EpisodicTask
+
+    return any(isinstance(catalog.task(name), EpisodicTask)
+               or any(item.tools for item in catalog.items(name)) for name in catalog.names)

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from pytest_budgetbench.engine.answers import fill_answer
 from pytest_budgetbench.engine.aux_calls import RecordedAuxModel
-from pytest_budgetbench.engine.calls import CallSite, budgeted_call, fill_outcome
+from pytest_budgetbench.engine.calls import CallSite, budgeted_call, cut_by_server, fill_outcome
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.episode import (
     TEACHER_FORCED,
@@ -27,6 +27,7 @@ from pytest_budgetbench.errors import (
     BudgetBenchError,
     BudgetExceeded,
     EndpointError,
+    PromptCut,
     RecordError,
     RunStopping,
     StrategyAborted,
@@ -42,6 +43,7 @@ from pytest_budgetbench.messages import (
 )
 from pytest_budgetbench.model.chat import ChatBackend, Completion
 from pytest_budgetbench.model.endpoint import Endpoint
+from pytest_budgetbench.model.servers import likely_cut
 from pytest_budgetbench.model.structured import StructuredOutput
 from pytest_budgetbench.model.tool_parser import parse_tool_calls, parser_for
 from pytest_budgetbench.records.prompts import SpanKept
@@ -212,6 +214,8 @@ class Runner:
             # The test errors (or the run stops), but the cell still gets its one row.
             if context is not None:
                 self._record_strategy(row, context)
+            if isinstance(exc, PromptCut):  # the server's count, beside the sweep's
+                row.server_prompt_tokens, row.token_count_match = exc.server_tokens, False
             row.status, row.error = Status.ERROR, str(exc)
             self.store.write_row(row)
             raise
@@ -236,7 +240,7 @@ class Runner:
             CallSite(cell.cell_id, strategy.name), prompt, budget=cell.budget,
             tokens=self.tokens, counted=counted,
             send=self._sender(lambda: self._call(prompt, timer, item.tools,
-                                                 self.settings.max_tokens)))
+                                                 self.settings.max_tokens, counted)))
         completion = outcome.completion
         if completion is None:
             # Nothing sent (over budget, or model-free): the model's fields stay empty, and
@@ -438,7 +442,10 @@ class Runner:
         return send if self.endpoint.sends else None
 
     def _call(self, prompt: list[Message], timer: Timer | None, tools: Sequence[Tool],
-              max_tokens: int) -> Completion:
+              max_tokens: int, counted: int) -> Completion:
+        """The reply to ``prompt`` (``counted`` tokens); a PromptCut where the server's own
+        count says it evaluated less (:func:`~pytest_budgetbench.engine.calls.cut_by_server`):
+        that reply leaves the response cache, as it answers no prompt a strategy built."""
         if self._stopping.is_set():
             raise RunStopping("the session is stopping: no more model calls")
 
@@ -446,6 +453,14 @@ class Runner:
             return self.chat.complete(prompt, max_tokens=max_tokens, tools=tools or None)
 
         completion = timer(call) if timer is not None else call()
+        cut = cut_by_server(prompt, counted, completion, self.tokens,
+                            likely_cut(self.endpoint.server))
+        if cut is not None:
+            from pytest_budgetbench.cache.responses import CachingChatModel
+
+            if isinstance(self.chat, CachingChatModel):
+                self.chat.forget(prompt, max_tokens=max_tokens, tools=tools or None)
+            raise PromptCut(cut, completion.prompt_tokens)
         self._look_for_unread_calls(completion, tools)
         return completion
 
@@ -549,9 +564,10 @@ class EpisodeTurns:
     def estimated_tokens(self) -> int | None:
         return self.context.estimated_tokens
 
-    def send(self, prompt: list[Message], tools: list[Tool]) -> Completion:
+    def send(self, prompt: list[Message], tools: list[Tool], counted: int) -> Completion:
         # No timer per call: an episode is timed as a whole (Runner.run's timer).
-        return self.runner._call(prompt, None, tools, self.runner.settings.agent_max_tokens)
+        return self.runner._call(prompt, None, tools, self.runner.settings.agent_max_tokens,
+                                 counted)
 
 
 def unread_calls_note(endpoint: Endpoint) -> str:

@@ -153,8 +153,11 @@ class BudgetBenchSession:
             name: wiring.resolve_aux(name, target, settings.api_key)
             for name, target in (settings.aux_models or {}).items()
         }
+        preflight.check_context(settings, self.endpoint)
         self._counter = preflight.check_tokenizer(settings, functools.partial(
-            wiring.make_counter, settings.tokenizer, self.endpoint, settings.api_key))
+            wiring.make_counter, settings.tokenizer, self.endpoint, settings.api_key,
+            settings.chat_template_kwargs), tools=preflight.sends_tools(self.catalog))
+        self.endpoint = wiring.counted_server(self.endpoint, self._counter)
         self.store.lock()
         self._write_run_info()
         self.started = True
@@ -188,6 +191,8 @@ class BudgetBenchSession:
             "endpoint": self.endpoint.label, "model": self.endpoint.model,
             "server_flags": self.endpoint.server_flags, "started": time.time(),
             "definition": block}
+        if self.endpoint.server:
+            info["server"] = self.endpoint.server
         earlier = resume.earlier_run_info(self.settings, self.store)
         if earlier is not None:
             self.notes += resume.check_resume(self.run_id, earlier, block,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_budgetbench.engine.catalog import Catalog
 from pytest_budgetbench.engine.runner import Runner
@@ -37,9 +37,12 @@ if TYPE_CHECKING:
 # -- endpoints -----------------------------------------------------------------------------
 def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-model") -> Endpoint:
     """The endpoint of ``settings.endpoint`` (which must be set), serving ``settings.model``
-    or its first listed model; probed, so an unreachable one fails before any cell runs.
-    Several replicas are each probed, and each must list that model."""
+    or its first listed model; probed, so an unreachable one fails before any cell runs,
+    and what server it is found (:func:`~pytest_budgetbench.model.servers.detect_server`:
+    the counter for it, and its context size). Several replicas are each probed, and each
+    must list that model."""
     from pytest_budgetbench.model.chat import probe_endpoint
+    from pytest_budgetbench.model.servers import detect_server
 
     if settings.endpoint is None:
         raise ValueError("resolve_endpoint needs settings.endpoint; else embedded_launcher")
@@ -51,7 +54,8 @@ def resolve_endpoint(settings: Settings, *, model_flag: str = "--budgetbench-mod
         )
     for url in settings.replicas[1:]:
         check_replica(url, model, settings.api_key)
-    return Endpoint(base_url=settings.endpoint, model=model, replicas=settings.replicas)
+    return Endpoint(base_url=settings.endpoint, model=model, replicas=settings.replicas,
+                    server=detect_server(settings.endpoint, model, settings.api_key))
 
 
 def model_free_endpoint(settings: Settings) -> Endpoint:
@@ -126,25 +130,49 @@ def resolve_aux(name: str, target: str, api_key: str | None) -> Endpoint:
 
 
 # -- the parts of a runner -----------------------------------------------------------------
-def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) -> TokenCounter:
-    """The token counter ``--budgetbench-tokenizer=choice`` asks for."""
+def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> TokenCounter:
+    """The token counter ``--budgetbench-tokenizer=choice`` asks for. ``server`` and, for an
+    endpoint, ``auto`` count in the way of the server found there (``endpoint.server``):
+    its own route, or for Ollama (``auto`` only) its model's checked GGUF. The template's
+    variables (``chat_template_kwargs``) reach only a server's own rendering: another
+    counter given them is refused, as its counts would leave them out."""
+    from pytest_budgetbench.model.servers import OLLAMA
     from pytest_budgetbench.tokens.approximate import ApproxCounter
     from pytest_budgetbench.tokens.gguf import GGUFCounter
     from pytest_budgetbench.tokens.huggingface import HFCounter
-    from pytest_budgetbench.tokens.server import ServerCounter
+    from pytest_budgetbench.tokens.server import DIALECTS, ServerCounter
 
     if choice == "approx":
         return ApproxCounter()
+    kind = endpoint.server.get("kind")
+    rendered_here = choice.startswith(("hf:", "gguf:")) or (
+        choice == "auto" and (endpoint.gguf_path or kind == OLLAMA))
+    if chat_template_kwargs and rendered_here:
+        renders = "the model's GGUF" if choice == "auto" else choice
+        raise TokenizerError(
+            f"--budgetbench-chat-template-kwargs reach the server's template, and this "
+            f"counter ({renders}) renders its own without them, so its counts would not be "
+            "the server's: count through the server's own route (auto or server), or drop "
+            "them")
     if choice.startswith("hf:"):
         return HFCounter(choice[len("hf:"):])
     if choice.startswith("gguf:"):
         return GGUFCounter(choice[len("gguf:"):])
+    if choice == "auto" and endpoint.gguf_path:  # the embedded server's model: it renders
+        return GGUFCounter(endpoint.gguf_path, object_arguments=True)  # arguments as objects
+    if kind == OLLAMA:
+        if choice == "server":
+            raise TokenizerError(
+                f"Ollama at {redact_url(endpoint.base_url)} has no tokenizer route "
+                "(ollama/ollama#3582): pass --budgetbench-tokenizer=auto, which counts with "
+                "its model's GGUF, checked against Ollama's own counts")
+        return ollama_counter(endpoint, api_key)
+    counter = ServerCounter(endpoint.base_url, endpoint.model, api_key,
+                            dialect=DIALECTS.get(str(kind)),
+                            chat_template_kwargs=chat_template_kwargs)
     if choice == "server":
-        return ServerCounter(endpoint.base_url, endpoint.model, api_key)
-    # auto: the embedded model's own GGUF; for other endpoints, their /tokenize route.
-    if endpoint.gguf_path:  # the embedded server's model: it renders arguments as objects
-        return GGUFCounter(endpoint.gguf_path, object_arguments=True)
-    counter = ServerCounter(endpoint.base_url, endpoint.model, api_key)
+        return counter
     try:
         counter.count_text("probe")
     except TokenizerError as exc:
@@ -154,6 +182,39 @@ def make_counter(choice: str, endpoint: Endpoint, api_key: str | None = None) ->
             f"{exc}"
         ) from None
     return counter
+
+
+def ollama_counter(endpoint: Endpoint, api_key: str | None) -> TokenCounter:
+    """The counter of a model Ollama serves (:mod:`~pytest_budgetbench.tokens.ollama`): its
+    GGUF, checked by probes against Ollama's counts; where the controller checked already
+    (``endpoint.server``'s details hold its probes and the file), the same, unprobed."""
+    from pytest_budgetbench.tokens.ollama import OllamaCounter, find_gguf, ollama_probe
+
+    details = endpoint.server.get("details") or {}
+    checked = details.get("checked")
+    path = details.get("gguf") if checked else None
+    return OllamaCounter(
+        path or find_gguf(endpoint.model, details.get("from")), endpoint.model,
+        probe=None if checked else ollama_probe(endpoint.base_url, endpoint.model, api_key),
+        capabilities=details.get("capabilities"), checked=checked)
+
+
+def counted_server(endpoint: Endpoint, counter: TokenCounter) -> Endpoint:
+    """``endpoint`` with how ``counter`` counts for its server added to its record (for
+    run.json, and for an xdist worker, which then builds the same counter unprobed)."""
+    if not endpoint.server:
+        return endpoint
+    from dataclasses import replace
+
+    from pytest_budgetbench.records.run_json import ServerRecord
+    from pytest_budgetbench.tokens.ollama import OllamaCounter
+
+    server: ServerRecord = {**endpoint.server, "counter": counter.name,
+                            "exact": counter.exactness}
+    if isinstance(counter, OllamaCounter):
+        server["details"] = {**server.get("details", {}), "gguf": str(counter.gguf),
+                             "checked": counter.checked}
+    return replace(endpoint, server=server)
 
 
 def open_response_store(path: Path, run_id: str, *,
@@ -282,6 +343,7 @@ def chat_model(settings: Settings, endpoint: Endpoint, url: str | Callable[[], s
         seed=settings.seed,
         slots=slots,
         tool_parser=parser_for(settings.tool_parser, endpoint.embedded),
+        chat_template_kwargs=settings.chat_template_kwargs,
     )
 
 
@@ -387,7 +449,8 @@ def make_runner(
     counter already loaded for them (else one is made); ``launcher`` starts the embedded
     server on the first reply the response cache does not hold."""
     slots_dir = store.slots_dir
-    tokens = tokens or make_counter(settings.tokenizer, endpoint, settings.api_key)
+    tokens = tokens or make_counter(settings.tokenizer, endpoint, settings.api_key,
+                                    settings.chat_template_kwargs)
     if tokens.count_space is not None:  # a slow exact counter: a second sweep reuses counts
         from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
 

@@ -163,6 +163,7 @@ class ChatModel:
         slots: RequestSlots | None = None,
         max_backoff_s: float = MAX_BACKOFF_S,
         tool_parser: ToolParser = "none",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         import openai
 
@@ -181,6 +182,9 @@ class ChatModel:
         self.tool_parser: ToolParser = tool_parser
         """``hermes``: a reply to a request with tools that has no ``tool_calls`` has its
         calls read from its text (:mod:`~pytest_budgetbench.model.tool_parser`)."""
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        """Sent with every request (``--budgetbench-chat-template-kwargs``): the template's
+        variables, as vLLM, SGLang and llama-server take them."""
         self._url_lock = threading.Lock()
         self._clients: DeadlineClients[Any] = DeadlineClients(self._new_client,
                                                               close=_close_client)
@@ -236,6 +240,8 @@ class ChatModel:
             body["tools"] = list(tools)
         if response_format:
             body["response_format"] = dict(response_format)
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
 
         def post(client: Any) -> Any:
             return client.post("/chat/completions", cast_to=self._completion_type, body=body)
@@ -299,8 +305,12 @@ class ChatModel:
 
     @property
     def params(self) -> dict[str, Any]:
-        """The generation parameters that shape a reply (a response cache keys on them)."""
-        return {"temperature": self.temperature, "seed": self.seed}
+        """The generation parameters that shape a reply (a response cache keys on them);
+        the template's variables where given (without them, the key is what it was)."""
+        params: dict[str, Any] = {"temperature": self.temperature, "seed": self.seed}
+        if self.chat_template_kwargs:
+            params["chat_template_kwargs"] = self.chat_template_kwargs
+        return params
 
     def _parse(self, response: Any, latency_s: float,
                tools: Sequence[Tool] | None = None) -> Completion:

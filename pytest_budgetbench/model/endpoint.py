@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_budgetbench.model.chat import REPLY_NEUTRAL_FLAGS, redact_url
+from pytest_budgetbench.records.run_json import ServerRecord
 
 EMBEDDED_LABEL = "embedded"
 """The embedded server's ``endpoint`` in rows and run.json: it starts on the first cache
@@ -37,6 +38,10 @@ class Endpoint:
     sends: bool = True
     """False for a model-free sweep's (``--budgetbench-model=none``): no model answers, so
     prompts are counted and checked, and nothing is sent."""
+    server: ServerRecord = field(default_factory=ServerRecord)
+    """What answers at ``base_url`` and its context size
+    (:func:`~pytest_budgetbench.model.servers.detect_server`), probed once by the
+    controller; empty for the embedded server and a model-free sweep."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", tuple(self.replicas))  # a worker gets a list

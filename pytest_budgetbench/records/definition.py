@@ -36,7 +36,7 @@ VERSION = 1
 
 CELL_SETTINGS: tuple[str, ...] = (
     "model", "seed", "items", "max_tokens", "agent_max_tokens", "max_calls", "temperature",
-    "tokenizer", "grader", "episodes",
+    "tokenizer", "grader", "episodes", "chat_template_kwargs",
     "judge_model", "embedding_model", "embedding_backend", "aux_models",
 )
 """The core settings that change what a cell is (its prompt, its request or its grade).

@@ -29,6 +29,28 @@ Regraded = TypedDict("Regraded", {"from": str, "time": float,
 """Where a regraded run's rows came from (``from`` is a keyword: the functional form)."""
 
 
+class ServerRecord(TypedDict, total=False):
+    """What answers at the endpoint, as the controller's probe found it
+    (:func:`~pytest_budgetbench.model.servers.detect_server`), and how the sweep counts for
+    it (the session adds ``counter`` and ``exact``)."""
+
+    kind: str
+    """llama-server, tgi, ollama, sglang, vllm or openai-compatible."""
+    probed: list[str]
+    """Each request of the probe and its answer, in order (``GET /props: HTTP 404``)."""
+    context: int | None
+    """The tokens one prompt may take, as the server says; None where it does not."""
+    context_from: str
+    """Where ``context`` was read (``GET /props default_generation_settings.n_ctx``)."""
+    details: dict[str, Any]
+    """What else the probe read that the counter uses or a reader may want (a llama-server's
+    template capabilities, an Ollama model's blob and capabilities)."""
+    counter: str
+    """The token counter the sweep counts with, as rows name it."""
+    exact: str
+    """Which parts of its counts are exact, in words."""
+
+
 class RunInfo(TypedDict, total=False):
     """run.json's object: the keys this version writes, in the order it writes them."""
 
@@ -46,6 +68,9 @@ class RunInfo(TypedDict, total=False):
     resumed: list[float]
     """When each resume went on."""
     regraded: Regraded
+    server: ServerRecord
+    """The endpoint's server and how the sweep counted for it (none for the embedded
+    model, a model-free sweep, or a run.json of an earlier version)."""
 
 
 def write(path: Path, info: RunInfo) -> None:
@@ -106,3 +131,9 @@ def settings_of(info: RunInfo) -> dict[str, Any]:
     """The run's recorded option values (none where run.json has none)."""
     settings = info.get("settings")
     return settings if isinstance(settings, dict) else {}
+
+
+def server_of(info: RunInfo) -> ServerRecord | None:
+    """The run's server block; None where run.json has none."""
+    block = info.get("server")
+    return block if isinstance(block, dict) else None

@@ -265,6 +265,19 @@ def parse_tokenizer(raw: str) -> str:
     )
 
 
+def json_object(raw: str) -> dict[str, Any]:
+    """A JSON object, e.g. ``{"enable_thinking": false}``."""
+    import json
+
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError('must be a JSON object, e.g. \'{"enable_thinking": false}\'')
+    return value
+
+
 def endpoint_urls(raw: str) -> tuple[str, ...]:
     """One endpoint URL, or the URLs of several replicas of one model, comma-separated. (A
     repeated flag still overrides, as every flag does: an ini's addopts stays overridable.)"""
@@ -337,6 +350,10 @@ class Settings:
     temperature: float = 0.0
     api_key_env: str = "OPENAI_API_KEY"
     tokenizer: str = "auto"
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Sent with every chat request, and with every count the server makes
+    (vLLM, SGLang and llama-server render their chat templates with them; a server
+    that does not know them ignores them in both)."""
     episodes: Literal["free-running", "teacher-forced"] = "free-running"
     """How agent episodes run (engine.episode): the model's own trajectory, or the
     reference's, one scored step at a time."""
@@ -547,6 +564,10 @@ OPTIONS: tuple[Option, ...] = (
           metavar="VAR"),
     _core("tokenizer", "auto | hf:<dir-or-tokenizer.json> | gguf:<file> | server | approx",
           parse_tokenizer),
+    _core("chat_template_kwargs", "variables for the server's chat template, a JSON object "
+          "sent with every chat request and every count the server makes (vLLM, SGLang, "
+          "llama-server), e.g. '{\"enable_thinking\": false}'", json_object,
+          metavar="JSON"),
     _core("tool_parser", "read tool calls from a reply's text when the endpoint returns "
           "none (Hermes <tool_call> blocks, fenced or bare JSON): auto (the embedded "
           "model only) | hermes | none", _choices_of("tool_parser")),

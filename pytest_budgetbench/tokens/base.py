@@ -15,11 +15,20 @@ Counters by ``--budgetbench-tokenizer``:
 - ``gguf:<path>``: llama.cpp with ``vocab_only`` and the GGUF's own chat template. This
   is what the embedded model uses (``auto`` picks it), and it is exact.
 - ``hf:<dir or tokenizer.json>``: a transformers tokenizer with its chat template.
-- ``server``: the endpoint's ``/tokenize`` route (vLLM style, messages in), or
+- ``server``: the endpoint counts, through its server's own route (``server.py``): vLLM's
+  ``/tokenize`` and SGLang's ``/v1/tokenize`` (messages in), TGI's ``/chat_tokenize``,
+  llama.cpp llama-server's ``/apply-template`` then ``/tokenize``: exact;
   llama-cpp-python's ``/extras/tokenize`` (text in; the template cost is estimated).
+- ``auto``: the embedded model's GGUF; for an endpoint, what its server is
+  (:mod:`~pytest_budgetbench.model.servers`): its ``server`` route, or for Ollama, which
+  has none, the model's GGUF with its template checked against Ollama's own counts
+  (``ollama.py``).
 - ``approx``: four characters a token plus a fixed cost per message. Rows say "approx".
 
 Image content parts cost a declared ``IMAGE_TOKENS`` each in every counter but ``server``.
+A server's own count of a prompt (``usage.prompt_tokens``) below a counter's by more than
+its :meth:`TokenCounter.cut_slack` means the server cut the prompt
+(:func:`~pytest_budgetbench.engine.calls.cut_by_server`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from pytest_budgetbench.messages import (
     Message,
     Tool,
 )
+from pytest_budgetbench.tokens.content import image_cost
 from pytest_budgetbench.tokens.framing import NOT_VERIFIED, Additivity, verify_additivity
 
 # A fixed system message that per-message counts are measured against (see count_message).
@@ -116,6 +126,19 @@ class TokenCounter(ABC):
         """Where this counter's counts live in a persistent :class:`CountStore` (a digest
         of everything they depend on), or None when they are not worth keeping."""
         return None
+
+    @property
+    def exactness(self) -> str:
+        """Which parts of this counter's counts are exact, in words (run.json says it)."""
+        return "all exact" if self.exact else "all approximate"
+
+    def cut_slack(self, messages: Sequence[Message], counted: int) -> int:
+        """How far below this counter's ``counted`` tokens a server's own count of
+        ``messages`` may fall before the server must have cut the prompt: the images' declared
+        cost (a text counter cannot know a vision model's), and for an inexact counter half
+        its count besides (four characters a token is off by a third on code and JSON; a
+        count under half of it is a cut, not a miscount)."""
+        return image_cost(messages) + (0 if self.exact else counted // 2)
 
     def keep_counts_in(self, store: CountStore) -> None:
         """Read counts this counter has not made from ``store`` and add the ones it makes
@@ -316,6 +339,10 @@ class ToolsCounter(TokenCounter):
     @property
     def count_space(self) -> str | None:
         return self._counter.count_space
+
+    @property
+    def exactness(self) -> str:
+        return self._counter.exactness
 
     def keep_counts_in(self, store: CountStore) -> None:
         self._counter.keep_counts_in(store)

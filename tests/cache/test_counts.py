@@ -12,6 +12,7 @@ from pytest_budgetbench.cache.counts import COUNTS_FILE, CountDatabase
 from pytest_budgetbench.messages import Message, text_of
 from pytest_budgetbench.tokens.base import COUNTS_PER_SAVE, TokenCounter
 from pytest_budgetbench.tokens.gguf import GGUFCounter
+from tests.fake_servers import CountsWith
 from tests.strategy_helpers import load_gguf
 
 
@@ -125,7 +126,8 @@ def test_a_rerun_of_a_sweep_reads_its_counts_from_beside_the_response_cache(
 ) -> None:
     from pytest_budgetbench.embedded_server.models import embedded_gguf_path
 
-    load_gguf()  # skips where llama.cpp is missing
+    # The fake counts prompts as the GGUF does (else its chars/4 would say they were cut).
+    fake_endpoint.server = CountsWith(load_gguf())  # type: ignore[attr-defined]
     args = ["--budgets=256,1024", "--budgetbench-items=2",
             "--budgetbench-strategies=truncation,rag",
             f"--budgetbench-endpoint={fake_endpoint.base_url}",  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from pytest_budgetbench.commands.cli import EXIT_GATE_FAILED, EXIT_OK, EXIT_USAG
 from pytest_budgetbench.model import digests
 from pytest_budgetbench.model.chat import Completion
 from tests.fake_openai import FakeOpenAI
+from tests.fake_servers import CountsWith
 from tests.faults import make_read_only, read_only_prefix
 
 SPACE = "space/1"
@@ -108,7 +109,8 @@ def test_counts_merged_from_another_copy_of_the_gguf_are_read_and_nothing_is_cou
     from pytest_budgetbench.embedded_server.models import embedded_gguf_path
     from tests.strategy_helpers import load_gguf
 
-    load_gguf()  # skips where llama.cpp is missing
+    # The fake counts prompts as the GGUF does (else its chars/4 would say they were cut).
+    fake_endpoint.server = CountsWith(load_gguf())  # skips where llama.cpp is missing
     original = embedded_gguf_path("smollm2")
 
     def sweep(gguf: Path, out: Path) -> None:

@@ -93,6 +93,13 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "task option given twice": (
             ["--budgetbench-task-options=history_tokens=600,history_tokens=900"],
             "*--budgetbench-task-options sets 'history_tokens' twice with different values*"),
+        "template kwargs not an object": (
+            ["--budgetbench-chat-template-kwargs=[1]"],
+            "*--budgetbench-chat-template-kwargs must be a JSON object*(got '?1?')"),
+        "template kwargs with a counter that renders its own": (
+            [f"--budgetbench-tokenizer=gguf:{text_file}",
+             '--budgetbench-chat-template-kwargs={"enable_thinking": false}'],
+            "*--budgetbench-tokenizer=gguf:*renders its own without them*"),
     }
 
 
@@ -104,6 +111,7 @@ CASES = [
     "data malformed", "violation gate over references", "retention floor over references",
     "retention floor given twice", "bare retention floor given twice",
     "retention floor of a cell not swept", "task option given twice",
+    "template kwargs not an object", "template kwargs with a counter that renders its own",
 ]
 
 
