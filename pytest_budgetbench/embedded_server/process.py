@@ -33,7 +33,8 @@ SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette
                   "pydantic_settings")
 """What ``python -m llama_cpp.server`` imports: llama-cpp-python and its [server] extra."""
 LLAMA_SERVER_ENV = "BUDGETBENCH_LLAMA_SERVER"
-"""Names the ``llama-server`` binary to serve the embedded model with."""
+"""Names the ``llama-server`` binary to serve the embedded model with; ``off`` serves it
+with llama-cpp-python's server even where a llama-server is installed."""
 LLAMA_SERVER = "llama-server"
 """llama.cpp's own server; ``.ci/install`` builds it and links it beside the venv's python."""
 SERVE_MODULE = "pytest_budgetbench.embedded_server.serve"
@@ -72,9 +73,11 @@ def usable_cores() -> int:
 
 def llama_server_program() -> Path | None:
     """The ``llama-server`` to serve with: ``$BUDGETBENCH_LLAMA_SERVER`` (which must exist:
-    checked at start), else the one beside this interpreter, else None (llama-cpp-python's
-    server is used)."""
+    checked at start; ``off``: none), else the one beside this interpreter, else None
+    (llama-cpp-python's server is used)."""
     named = os.environ.get(LLAMA_SERVER_ENV)
+    if named == "off":
+        return None
     if named:
         return Path(named)
     beside = Path(sys.executable).parent / LLAMA_SERVER

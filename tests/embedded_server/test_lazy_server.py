@@ -215,6 +215,8 @@ def test_llama_server_gets_the_pinned_flags_and_one_slot(
     other = process.EmbeddedServer(8192, 2, tmp_path / "server.log", prefer_llama_server=False)
     assert other.recorded_flags["server"] == "llama-cpp-python"
     assert other.command()[1:3] == ["-m", process.SERVE_MODULE]
+    monkeypatch.setenv(process.LLAMA_SERVER_ENV, "off")
+    assert process.EmbeddedServer(8192, 2, tmp_path / "server.log").server == "llama-cpp-python"
     identities = {Endpoint("", "m", embedded=True, gguf_path="/p/M.gguf",
                            server_flags=each.recorded_flags).identity for each in (server, other)}
     assert len(identities) == 2
