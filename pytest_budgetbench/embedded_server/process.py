@@ -5,9 +5,10 @@ The server is llama.cpp's own ``llama-server`` where the install built one (.ci/
 it beside the venv's python; ``$BUDGETBENCH_LLAMA_SERVER`` names another), else
 llama-cpp-python's (``python -m llama_cpp.server`` through
 :mod:`~pytest_budgetbench.embedded_server.serve`). Both load the same GGUF with the same
-flags; llama-server evaluates prompts about twice as fast on two cores (the library's server
-path loses half of what the library itself does: benchmarks/bench_server_threads.py), and
-renders and parses tool calls through llama.cpp's own chat code.
+flags. llama-server renders and parses tool calls through llama.cpp's own chat code, counts
+through its own template (``/apply-template``), and was measured at llama.cpp's own prompt
+rate where llama-cpp-python's server reached half of it in a sweep (issue 41's machine);
+on others the two run at the same rate (benchmarks/bench_server_threads.py).
 """
 
 from __future__ import annotations
