@@ -1,16 +1,18 @@
 """The runner's counts through a real llama-server, against the server's own usage.prompt_tokens.
 
     .venv/bin/python benchmarks/bench_server_counts.py [--llama-server BIN] [--out DIR]
-        [--memory-items 10] [--bfcl-items 4] [--tokenizer auto]
+        [--model smollm2] [--memory-items 10] [--memory-budgets 1024,2048,4096,8192]
+        [--bfcl-items 4] [--tokenizer auto]
 
 Starts llama.cpp's ``llama-server`` (the one .ci/install builds beside the venv's python, or
-``--llama-server``) serving the embedded default GGUF with ``--jinja``, through the plugin's
+``--llama-server``) serving an embedded GGUF (the default, or ``--model``) with ``--jinja``,
+through the plugin's
 own :class:`EmbeddedServer` (its pinned flags), and points two sweeps at it as a team's
 endpoint with ``--budgetbench-tokenizer=auto``, so the counter is the one ``auto`` finds
 for a llama-server (its chat template applied by ``/apply-template``, then ``/tokenize``):
 
 1. the default sweep's prompts: ``memory`` with ``full_context``, ``truncation`` and ``rag``
-   at 1024, 2048, 4096 and 8192 tokens;
+   at 1024, 2048, 4096 and 8192 tokens (``--memory-budgets``);
 2. BFCL multi-turn prompts with tools: ``bfcl_multi_turn_base``, teacher-forced, with
    ``full_context`` at 8192 and ``truncation`` at 4096 (every step's prompt carries the
    tool schemas and the earlier steps' tool calls and results).
@@ -44,8 +46,7 @@ from pytest_budgetbench.embedded_server.process import (
 
 SWEEPS: dict[str, list[str]] = {
     "default sweep (memory)": [
-        "--budgetbench-tasks=memory", "--budgets=1024,2048,4096,8192",
-        "--budgetbench-strategies=full_context,truncation,rag"],
+        "--budgetbench-tasks=memory", "--budgetbench-strategies=full_context,truncation,rag"],
     "BFCL with tools (teacher-forced)": [
         "--budgetbench-tasks=bfcl_multi_turn_base", "--budgets=4096,8192",
         "--budgetbench-strategies=full_context,truncation",
@@ -99,7 +100,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", help="the binary (default: beside this python)")
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a scratch dir)")
+    parser.add_argument("--model", help="an embedded model's name (default: the default)")
     parser.add_argument("--memory-items", type=int, default=10)
+    parser.add_argument("--memory-budgets", default="1024,2048,4096,8192")
     parser.add_argument("--bfcl-items", type=int, default=4)
     parser.add_argument("--tokenizer", default="auto")
     args = parser.parse_args()
@@ -110,17 +113,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)
         # The largest budget, an agent call's answer and headroom (as embedded_context does).
-        server = EmbeddedServer(n_ctx=8192 + 512, threads=None,
+        server = EmbeddedServer(n_ctx=8192 + 512, threads=None, model_name=args.model,
                                 log_path=out / "llama-server.log")
         if server.program is None:
             raise SystemExit("no llama-server: bash .ci/install builds it, or pass "
                              "--llama-server BIN")
         server.start()
         try:
-            for (name, options), items in zip(SWEEPS.items(),
-                                              (args.memory_items, args.bfcl_items), strict=True):
-                result = run_sweep(name, options, server, out / name.split()[0], items,
-                                   args.tokenizer)
+            extra: tuple[list[str], ...] = ([f"--budgets={args.memory_budgets}"], [])
+            for (name, options), items, more in zip(SWEEPS.items(),
+                                                    (args.memory_items, args.bfcl_items), extra,
+                                                    strict=True):
+                result = run_sweep(name, [*options, *more], server, out / name.split()[0],
+                                   items, args.tokenizer)
                 print(json.dumps(result), flush=True)
         finally:
             server.stop()
