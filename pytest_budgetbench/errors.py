@@ -11,6 +11,7 @@
     ├── StrategyError          a strategy raised, or returned something that is not messages
     │   └── StrategyAborted        a strategy raised SystemExit or KeyboardInterrupt: stop
     ├── TokenizerError         the token counter cannot load or cannot count
+    │   └── RouteError             a server's counting route answered with an error status
     ├── RecordError            a row could not be written whole (disk full, short write)
     ├── RunStopping            the session is stopping (Ctrl-C): the cell in flight records nothing
     ├── CacheError             a cache file (replies, counts, vectors) cannot be used
@@ -115,6 +116,15 @@ class RunStopping(BudgetBenchError):
 
 class TokenizerError(BudgetBenchError):
     """The token counter could not be loaded or could not count a prompt."""
+
+
+class RouteError(TokenizerError):
+    """A server's counting route answered with an error status: its status and what its
+    body said (the server counter reads it, and says what it means for that server)."""
+
+    def __init__(self, route: str, status: int, said: str) -> None:
+        super().__init__(f"{route}: HTTP {status}{': ' + said if said else ''}")
+        self.route, self.status, self.said = route, status, said
 
 
 class RecordError(BudgetBenchError):

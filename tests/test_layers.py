@@ -258,11 +258,13 @@ TESTS = Path(__file__).resolve().parent
 ROOT_TESTS = {
     "test_ci_workflow.py": "docs/examples/budgetbench.yml, the whole in a CI job",
     "test_core_install.py": "the install without extras",
+    "test_cpu_flags.py": ".ci/cpu-flags, the install's llama.cpp build flags",
     "test_declared_options.py": "options.py (declared options)",
     "test_docs_examples.py": "the README and the manual",
     "test_errors.py": "errors.py",
     "test_extras.py": "the whole without an optional extra",
     "test_faults.py": "the whole under injected faults",
+    "test_kept_llama_server.py": ".ci/kept-llama-server, the install's kept llama-server",
     "test_kept_wheel.py": ".ci/kept-wheel, the install's kept llama.cpp wheel",
     "test_layers.py": "the import graph",
     "test_messages.py": "messages.py",

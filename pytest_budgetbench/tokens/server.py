@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_budgetbench.errors import RequestTimeout, TokenizerError
+from pytest_budgetbench.errors import RequestTimeout, RouteError, TokenizerError
 from pytest_budgetbench.messages import (
     Message,
     Tool,
@@ -48,14 +48,6 @@ from pytest_budgetbench.tokens.content import framed_estimate
 
 Post = Callable[[str, dict[str, Any]], Any]
 """POSTs a JSON payload to a route of the server: the decoded answer, or :class:`RouteError`."""
-
-
-class RouteError(Exception):
-    """A route answered with an error status: its status and what its body said."""
-
-    def __init__(self, route: str, status: int, said: str) -> None:
-        super().__init__(f"{route}: HTTP {status}{': ' + said if said else ''}")
-        self.route, self.status, self.said = route, status, said
 
 
 @dataclass(frozen=True)

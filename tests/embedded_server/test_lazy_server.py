@@ -295,6 +295,7 @@ def test_a_server_that_could_not_start_is_a_usage_error_before_any_cell(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(process, "SERVER_MODULES", ("json", "no_such_server_module"))
+    monkeypatch.setenv(process.LLAMA_SERVER_ENV, "off")  # llama-cpp-python's server, checked
     result = pytester.runpytest(*SWEEP[:5], "-p", "no:cacheprovider",
                                 f"--budgetbench-out={tmp_path / 'out'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
