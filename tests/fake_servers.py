@@ -156,6 +156,13 @@ class LlamaServer(FakeServer):
             if payload.get("tools") and not self.jinja:
                 return 500, {"error": {"code": 500, "type": "server_error",
                                        "message": "tools param requires --jinja flag"}}
+            last = payload["messages"][-1] if payload["messages"] else {}
+            if last.get("role") == "assistant" and last.get("tool_calls"):
+                # A prompt that ends in an assistant message is one to continue (prefill);
+                # one with tool calls cannot be (server-common.cpp, oaicompat_chat_params_parse).
+                return 400, {"error": {"code": 400, "type": "invalid_request_error",
+                                       "message": "Cannot continue an assistant message that "
+                                                  "contains tool calls."}}
             return 200, {"prompt": render(payload["messages"], payload.get("tools"),
                                           payload.get("chat_template_kwargs"))}
         if route == "/tokenize":

@@ -46,8 +46,8 @@ from pytest_budgetbench.messages import (
 from pytest_budgetbench.tokens.content import image_cost
 from pytest_budgetbench.tokens.framing import NOT_VERIFIED, Additivity, verify_additivity
 
-# A fixed system message that per-message counts are measured against (see count_message).
-_ANCHOR: Message = {"role": "system", "content": "."}
+ANCHOR: Message = {"role": "system", "content": "."}
+"""A fixed system message that per-message counts are measured against (count_message)."""
 
 
 PROMPT_CACHE_SIZE = 4096
@@ -234,18 +234,21 @@ class TokenCounter(ABC):
         key = message_key(message)
         cached = self._message_cache.get(key)
         if cached is None:
-            cached = self._remembered(
-                lambda: "message:" + key,
-                lambda: self._count_prompt([_ANCHOR, message]) - self._anchor_tokens())
+            cached = self._remembered(lambda: "message:" + key,
+                                      lambda: self._measure_message(message))
             self._message_cache[key] = cached
         if plain is not None:
             self._plain_cache[plain] = cached
         return cached
 
+    def _measure_message(self, message: Message) -> int:
+        """What ``message`` adds to a prompt after the anchor (:meth:`count_message`)."""
+        return self._count_prompt([ANCHOR, message]) - self._anchor_tokens()
+
     def overhead(self) -> int:
         """Tokens a prompt costs beyond the sum of its messages (e.g. BOS, generation prompt)."""
         if self._overhead is None:
-            anchor_alone = self.count_message(_ANCHOR)
+            anchor_alone = self.count_message(ANCHOR)
             self._overhead = self._anchor_tokens() - anchor_alone
         return self._overhead
 
@@ -301,7 +304,7 @@ class TokenCounter(ABC):
         key = "__anchor__"
         cached = self._message_cache.get(key)
         if cached is None:
-            cached = self._message_cache[key] = self._count_prompt([_ANCHOR])
+            cached = self._message_cache[key] = self._count_prompt([ANCHOR])
         return cached
 
 
@@ -383,8 +386,8 @@ class ToolsCounter(TokenCounter):
 
     def overhead(self) -> int:
         if self._tools_overhead is None:
-            self._tools_overhead = (self._counter.count_whole([_ANCHOR], self.tools)
-                                    - self._counter.count_message(_ANCHOR))
+            self._tools_overhead = (self._counter.count_whole([ANCHOR], self.tools)
+                                    - self._counter.count_message(ANCHOR))
         return self._tools_overhead
 
     def additivity(self) -> Additivity:

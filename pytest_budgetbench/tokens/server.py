@@ -43,7 +43,7 @@ from pytest_budgetbench.messages import (
     Tool,
     as_sent,
 )
-from pytest_budgetbench.tokens.base import TokenCounter
+from pytest_budgetbench.tokens.base import ANCHOR, TokenCounter
 from pytest_budgetbench.tokens.content import framed_estimate
 
 Post = Callable[[str, dict[str, Any]], Any]
@@ -318,6 +318,18 @@ class ServerCounter(TokenCounter):
                      f"{first_line(exc)}); use --budgetbench-tokenizer=hf:PATH or approx "
                      "for this endpoint"
             )) from None
+
+    def _measure_message(self, message: Message) -> int:
+        """A message's count for a strategy's planning (the enforced count is the whole
+        prompt's). An assistant message that calls tools is measured with a user turn after
+        it: llama-server takes a prompt that ends in an assistant message as one to continue,
+        and refuses to continue one with tool calls ("Cannot continue an assistant message
+        that contains tool calls"), so the anchor-and-message probe would fail there."""
+        if message.get("role") != "assistant" or not message.get("tool_calls"):
+            return super()._measure_message(message)
+        after: Message = {"role": "user", "content": "."}
+        return (self._count_prompt([ANCHOR, message, after])
+                - self._count_prompt([ANCHOR, after]))
 
     def _count_prompt(self, messages: Sequence[Message],
                       tools: Sequence[Tool] | None = None) -> int:

@@ -94,6 +94,21 @@ def test_llama_server_counts_the_template_prompt_with_the_bos_and_special_tokens
     assert counted == _served(fake, CALLED, TOOLS)
 
 
+def test_a_strategy_measures_an_assistant_tool_call_on_llama_server(fake: FakeOpenAI) -> None:
+    """llama-server refuses to continue an assistant message that calls tools, so the
+    message alone after the anchor cannot be counted there: a strategy that plans by
+    message counts (truncation) still gets its count, with a user turn after it."""
+    fake.server = LlamaServer()
+    counter = make_counter("auto", _endpoint(fake))
+    call = CALLED[2]
+    measured = counter.count_message(call)
+    after = {"role": "user", "content": "."}
+    anchor = {"role": "system", "content": "."}
+    assert measured == (counter.count_whole([anchor, call, after])
+                        - counter.count_whole([anchor, after])) > 0
+    assert counter.estimate(CALLED) > counter.estimate([m for m in CALLED if m is not call])
+
+
 def test_a_llama_server_without_jinja_is_one_line_before_any_cell_of_a_sweep_with_tools(
     fake: FakeOpenAI
 ) -> None:
