@@ -124,6 +124,8 @@ def main() -> None:
             for (name, options), items, more in zip(SWEEPS.items(),
                                                     (args.memory_items, args.bfcl_items), extra,
                                                     strict=True):
+                if not items:  # --memory-items 0 or --bfcl-items 0: that sweep is left out
+                    continue
                 result = run_sweep(name, [*options, *more], server, out / name.split()[0],
                                    items, args.tokenizer)
                 print(json.dumps(result), flush=True)
