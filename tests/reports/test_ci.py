@@ -286,3 +286,22 @@ def test_report_summarises_a_regression_gate_per_cell_with_its_change(
                      r"-0\.\d+\\\] \| drop of at most 0\.1 \|", markdown), markdown
     assert re.search(r"\| regression truncation@512 \| ✅ passed \| change \+0\.000 "
                      r"\\\[-0\.\d+, \+0\.\d+\\\] \| drop of at most 0\.1 \|", markdown), markdown
+
+
+def test_a_secret_never_reaches_the_summary_the_annotations_or_the_comment(
+    tmp_path: Path,
+) -> None:
+    from pytest_budgetbench.redact import forget_secrets, register_secret
+
+    planted = "sk-planted-0123456789abcdef"
+    register_secret(planted)
+    try:
+        said = f"the endpoint answered 401 for key {planted}"
+        summary = tmp_path / "summary.md"
+        ci.append_job_summary(summary, f"## run\n{said}\n", where="reports/run")
+        written = [summary.read_text(), ci.comment_body(said),
+                   ci.workflow_command("error", said, title="budgetbench gate failed")]
+        assert all("endpoint answered 401" in text for text in written)
+        assert not any(planted in text for text in written)
+    finally:
+        forget_secrets()
